@@ -1,0 +1,53 @@
+"""What the benchmarks share: CartPole-shaped rows from a real CartPole rollout."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+def cartpole_columns(steps: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Real CartPole transitions (a random policy), as step-table columns."""
+    env = gym.make("CartPole-v1")
+    rng = np.random.default_rng(seed)
+    observations = np.empty((steps, 4), np.float32)
+    next_observations = np.empty((steps, 4), np.float32)
+    actions = rng.integers(0, 2, steps)
+    terminated = np.zeros(steps, bool)
+    truncated = np.zeros(steps, bool)
+    episode = np.empty(steps, np.int64)
+    t = np.empty(steps, np.int64)
+    observation, _ = env.reset(seed=seed)
+    number, step = 0, 0
+    for i in range(steps):
+        observations[i], episode[i], t[i] = observation, number, step
+        observation, _, terminated[i], truncated[i], _ = env.step(int(actions[i]))
+        next_observations[i] = observation
+        step += 1
+        if terminated[i] or truncated[i]:
+            observation, _ = env.reset()
+            number, step = number + 1, 0
+    return {
+        "episode_id": np.char.add(f"s{seed}-", episode.astype(str)).astype(object),
+        "t": t,
+        "observation": observations,
+        "action": actions,
+        "reward": np.ones(steps),
+        "next_observation": next_observations,
+        "terminated": terminated,
+        "truncated": truncated,
+        "client_id": np.full(steps, "client-0", dtype=object),
+    }
+
+
+def cartpole_spaces() -> tuple[gym.Space[Any], gym.Space[Any]]:
+    env = gym.make("CartPole-v1")
+    return env.observation_space, env.action_space
+
+
+def report(figures: dict[str, float]) -> None:
+    """The closing JSON line every benchmark ends with."""
+    print(json.dumps({key: round(value, 4) for key, value in figures.items()}))

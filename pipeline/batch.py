@@ -1,0 +1,124 @@
+"""The one ``Batch`` type every reader yields and every trainer takes.
+
+Fields are the step table's columns in plural (``observation`` -> ``observations``). A field is None
+when its column was not read. Observations and actions of Dict and Tuple spaces are dicts and
+tuples of arrays, nested like the space; everything else is a numpy array with the batch first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Step-table column -> Batch field.
+FIELD_OF_COLUMN: dict[str, str] = {
+    "episode_id": "episode_ids",
+    "agent_id": "agent_ids",
+    "t": "ts",
+    "observation": "observations",
+    "action": "actions",
+    "reward": "rewards",
+    "next_observation": "next_observations",
+    "terminated": "terminateds",
+    "truncated": "truncateds",
+    "action_logp": "action_logps",
+    "policy_version": "policy_versions",
+    "training_enabled": "training_enabled",
+    "info": "infos",
+    "client_id": "client_ids",
+    "logged_at": "logged_at",
+}
+COLUMN_OF_FIELD = {value: key for key, value in FIELD_OF_COLUMN.items()}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of transitions (or one whole episode), as named arrays.
+
+    ``extras`` carries what trainers derive (advantages, returns) under their own names, so the
+    type stays one for every algorithm.
+    """
+
+    observations: Any = None
+    actions: Any = None
+    rewards: Any = None
+    next_observations: Any = None
+    terminateds: Any = None
+    truncateds: Any = None
+    action_logps: Any = None
+    policy_versions: Any = None
+    episode_ids: Any = None
+    agent_ids: Any = None
+    ts: Any = None
+    training_enabled: Any = None
+    infos: Any = None
+    client_ids: Any = None
+    logged_at: Any = None
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        for name in _FIELD_NAMES:
+            value = getattr(self, name)
+            if value is not None:
+                return _length(value)
+        return 0
+
+    def __getitem__(self, index: Any) -> Batch:
+        """Rows by slice, integer array or boolean mask, on every field at once."""
+        return self.map(lambda array: array[index])
+
+    def map(self, function: Any) -> Batch:
+        """Apply ``function`` to every array, through nested dicts and tuples."""
+        changes = {
+            name: _apply(function, getattr(self, name))
+            for name in _FIELD_NAMES
+            if getattr(self, name) is not None
+        }
+        extras = {key: _apply(function, value) for key, value in self.extras.items()}
+        return dataclasses.replace(self, **changes, extras=extras)
+
+    def replace(self, **changes: Any) -> Batch:
+        return dataclasses.replace(self, **changes)
+
+    def to_torch(self, device: Any = "cpu") -> Batch:
+        """Numeric arrays become tensors on ``device``; string and object arrays stay numpy.
+
+        On the CPU a tensor shares memory with the Arrow buffer it came from (no copy: that is
+        what keeps the reader near raw scan speed). numpy marks such arrays read-only and torch
+        warns about that; the buffers belong to this batch alone, so in-place ops on the tensors
+        are safe, and the warning is silenced here rather than paid for with a copy.
+        """
+        import torch  # torch is needed only by those who ask for tensors
+
+        def convert(array: Any) -> Any:
+            if isinstance(array, np.ndarray) and array.dtype.kind in "biuf":
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+                    return torch.as_tensor(array, device=device)
+            return array
+
+        return self.map(convert)
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Batch) if f.name != "extras")
+
+
+def _length(value: Any) -> int:
+    if isinstance(value, Mapping):
+        return _length(next(iter(value.values())))
+    if isinstance(value, tuple):
+        return _length(value[0])
+    return len(value)
+
+
+def _apply(function: Any, value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _apply(function, item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_apply(function, item) for item in value)
+    return function(value)

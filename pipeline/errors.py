@@ -1,0 +1,75 @@
+"""The one error tree of rlpipe.
+
+Every error a user can cause comes from here, so callers can catch by meaning rather than by the
+module that noticed::
+
+    RlpipeError
+    ├── ConfigError        a config field holds a value it does not allow
+    ├── SpaceError         a gymnasium space rlpipe cannot encode, or a malformed space document
+    ├── SchemaError        rows that do not fit the step table or the spaces (lists every problem)
+    └── DatasetError       a directory that is not a usable rlpipe dataset
+        └── FormatVersionError  a dataset written in a format version this code does not read
+
+Configs and data errors also subclass ``ValueError``, so code that already catches ``ValueError``
+keeps working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RlpipeError(Exception):
+    """Base of every error rlpipe raises on purpose."""
+
+
+class ConfigError(RlpipeError, ValueError):
+    """A config field holds a value it does not allow."""
+
+    def __init__(self, owner: str, field: str, expected: str, got: object) -> None:
+        self.owner = owner
+        self.field = field
+        self.expected = expected
+        self.got = got
+        super().__init__(f"{owner}.{field}: expected {expected}, got {got!r}")
+
+
+class SpaceError(RlpipeError, ValueError):
+    """A space rlpipe cannot encode, or a space document that does not describe one."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a row does not fit; ``row`` is None when the whole column is wrong."""
+
+    field: str
+    expected: str
+    got: str
+    row: int | None = None
+
+    def __str__(self) -> str:
+        where = f"row {self.row}, " if self.row is not None else ""
+        return f"{where}field '{self.field}': expected {self.expected}, got {self.got}"
+
+
+class SchemaError(RlpipeError, ValueError):
+    """Rows that do not fit the schema. Nothing from the call that raised it was written."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        lines = [str(p) for p in self.problems[:20]]
+        if len(self.problems) > 20:
+            lines.append(f"... and {len(self.problems) - 20} more problems")
+        super().__init__("; ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
+
+    @classmethod
+    def single(cls, field: str, expected: str, got: str, row: int | None = None) -> SchemaError:
+        return cls([Problem(field=field, expected=expected, got=got, row=row)])
+
+
+class DatasetError(RlpipeError):
+    """A directory that is not a usable rlpipe dataset (no manifest, unreadable manifest, ...)."""
+
+
+class FormatVersionError(DatasetError):
+    """A dataset in a format version this code does not read."""

@@ -1,0 +1,364 @@
+"""The InputReader: one reader for live and historic step tables.
+
+It streams committed shards through ``pyarrow.dataset`` (projection and filters pushed down to the
+files), and yields :class:`~pipeline.batch.Batch` objects in one of three shapes: sequential
+transitions, seeded shuffled transitions, or whole episodes. With ``follow=True`` it keeps
+listing the dataset and reads each newly committed shard once, which is exactly-once delivery
+because shards are immutable and appear atomically. It splits work across DataLoader workers and
+distributed ranks by hashing row-group names, so no two readers read the same row.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from pipeline import discovery, layout, schema, spaces
+from pipeline.batch import COLUMN_OF_FIELD, FIELD_OF_COLUMN, Batch
+from pipeline.episodes import EpisodeAssembler
+from pipeline.errors import ConfigError, DatasetError
+from pipeline.manifest import read_manifest
+
+DEFAULT_COLUMNS = (
+    "episode_id", "agent_id", "t", "observation", "action", "reward", "next_observation",
+    "terminated", "truncated", "action_logp", "policy_version",
+)  # fmt: skip
+EPISODE_KEYS = ("episode_id", "agent_id", "t", "terminated", "truncated")
+_CAUGHT_UP = None  # marker in the chunk stream: a follow poll found nothing new
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """What to read and how to batch it.
+
+    Attributes:
+        batch_size: transitions per batch (ignored for episodes: one episode per batch).
+        columns: step-table columns (or Batch field names) to read; None reads DEFAULT_COLUMNS.
+        shuffle: shuffled transitions from a buffer of ``shuffle_buffer`` rows, seeded by ``seed``.
+        episodes: yield whole episodes, ordered by ``t``.
+        follow: keep reading shards as they are committed, until ``timeout_s`` passes with none
+            (None: forever).
+        min_policy_version, max_policy_version, since, until, training_enabled, client_ids,
+            agent_ids: filters, pushed down to the files.
+        rank, world_size: this process's share in distributed training.
+    """
+
+    batch_size: int = 1024
+    columns: tuple[str, ...] | None = None
+    shuffle: bool = False
+    seed: int = 0
+    shuffle_buffer: int = 262_144
+    episodes: bool = False
+    follow: bool = False
+    timeout_s: float | None = 30.0
+    poll_interval_s: float = 0.2
+    drop_last: bool = False
+    min_policy_version: int | None = None
+    max_policy_version: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    training_enabled: bool | None = None
+    client_ids: tuple[str, ...] | None = None
+    agent_ids: tuple[str, ...] | None = None
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "shuffle_buffer", "world_size"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("rank", self.rank, 0)
+        if self.rank >= self.world_size:
+            raise ConfigError(
+                "ReaderConfig", "rank", f"an integer < world_size={self.world_size}", self.rank
+            )
+        for name in ("columns", "client_ids", "agent_ids"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ConfigError("ReaderConfig", name, "a sequence of strings", value)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+        for name in ("since", "until"):
+            object.__setattr__(self, name, _as_datetime(name, getattr(self, name)))
+        if self.timeout_s is not None and not self.timeout_s >= 0:
+            raise ConfigError("ReaderConfig", "timeout_s", "seconds >= 0 or None", self.timeout_s)
+
+
+class InputReader:
+    """Streams a dataset's step table as batches: ``InputReader(path, batch_size=256)``.
+
+    Args:
+        path: dataset directory or URI (``s3://...`` works for reading).
+        config: a ReaderConfig; or give its fields as keyword arguments instead.
+        filter: an extra ``pyarrow.dataset`` expression, ANDed with the config's filters.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        config: ReaderConfig | None = None,
+        *,
+        filter: ds.Expression | None = None,
+        **options: Any,
+    ) -> None:
+        if config is not None and options:
+            raise ConfigError(
+                "InputReader", "options", "a config or keyword options, not both", options
+            )
+        self.config = config or ReaderConfig(**options)
+        self.filesystem, self.root = layout.resolve(path)
+        self.manifest = read_manifest(path)
+        self.observation_space = self.manifest.observation_space
+        self.action_space = self.manifest.action_space
+        self.schema = schema.step_schema(self.observation_space, self.action_space)
+        self.columns = self._resolve_columns()
+        self.filter = _combine(build_filter(self.config), filter)
+        self._epoch = 0
+        self._stream: Iterator[Batch] | None = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        """One pass (an epoch); a new ``iter`` starts the next epoch with a fresh shuffle."""
+        rng = np.random.default_rng([self.config.seed, self._epoch])
+        self._epoch += 1
+        chunks = self._chunks(self._part(), rng)
+        if self.config.episodes:
+            return self._episodes(chunks)
+        if self.config.shuffle:
+            return self._shuffled(chunks, rng)
+        return self._sequential(chunks)
+
+    def next(self) -> Batch:
+        """RLlib's ``InputReader.next()``: the next batch, starting a new epoch at the end of one.
+
+        Raises:
+            StopIteration: when following and ``timeout_s`` passed with no new data.
+        """
+        for _ in range(2):
+            if self._stream is None:
+                self._stream = iter(self)
+            batch = next(self._stream, None)
+            if batch is not None:
+                return batch
+            self._stream = None
+            if self.config.follow:
+                raise StopIteration
+        raise DatasetError(f"{self.root}: no rows match this reader's filters")
+
+    def as_torch_dataset(self) -> Any:
+        """This reader as a ``torch.utils.data.IterableDataset`` (use ``batch_size=None`` in the
+        DataLoader); each worker reads its own share of the row groups."""
+        import torch.utils.data
+
+        reader = self
+
+        class _Dataset(torch.utils.data.IterableDataset):
+            def __iter__(self) -> Iterator[Batch]:
+                return iter(reader)
+
+        return _Dataset()
+
+    def to_batch(self, data: pa.RecordBatch | pa.Table) -> Batch:
+        """Arrow rows of the step table as a Batch (zero-copy for fixed-shape numeric columns)."""
+        fields: dict[str, Any] = {}
+        for name in data.schema.names:
+            if name not in FIELD_OF_COLUMN:
+                continue
+            column = data.column(name)
+            if name in ("observation", "next_observation"):
+                fields[FIELD_OF_COLUMN[name]] = spaces.from_arrow(self.observation_space, column)
+            elif name == "action":
+                fields[FIELD_OF_COLUMN[name]] = spaces.from_arrow(self.action_space, column)
+            else:
+                fields[FIELD_OF_COLUMN[name]] = _to_numpy(column)
+        return Batch(**fields)
+
+    def _resolve_columns(self) -> list[str]:
+        wanted = self.config.columns or DEFAULT_COLUMNS
+        columns = [COLUMN_OF_FIELD.get(name, name) for name in wanted]
+        unknown = [name for name in columns if name not in self.schema.names]
+        if unknown:
+            raise ConfigError("ReaderConfig", "columns", f"names from {self.schema.names}", unknown)
+        if self.config.episodes:
+            columns += [key for key in EPISODE_KEYS if key not in columns]
+        return columns
+
+    def _part(self) -> discovery.Part:
+        workers, worker = 1, 0
+        if "torch" in sys.modules:  # inside a DataLoader worker, take that worker's share
+            info = sys.modules["torch"].utils.data.get_worker_info()
+            if info is not None:
+                workers, worker = info.num_workers, info.id
+        config = self.config
+        return discovery.Part(config.rank * workers + worker, config.world_size * workers)
+
+    def _chunks(
+        self, part: discovery.Part, rng: np.random.Generator
+    ) -> Iterator[pa.RecordBatch | None]:
+        """Record batches of newly committed shards; in follow mode, a None when caught up."""
+        seen: set[str] = set()
+        idle_since = time.monotonic()
+        while True:
+            paths = [
+                path
+                for path in discovery.list_shards(self.filesystem, self.root)
+                if path not in seen
+            ]
+            if paths:
+                seen.update(paths)
+                idle_since = time.monotonic()
+                yield from self._scan(paths, part, rng)
+            if not self.config.follow:
+                return
+            yield _CAUGHT_UP
+            timeout = self.config.timeout_s
+            if timeout is not None and time.monotonic() - idle_since > timeout:
+                return
+            time.sleep(self.config.poll_interval_s)
+
+    def _scan(
+        self, paths: list[str], part: discovery.Part, rng: np.random.Generator
+    ) -> Iterator[pa.RecordBatch]:
+        if self.config.shuffle:
+            paths = [paths[i] for i in rng.permutation(len(paths))]
+        dataset = discovery.open_dataset(
+            self.filesystem, self.root, paths, self.schema, layout.STEPS
+        )
+        if part.count > 1:
+            fragments = discovery.owned_fragments(dataset, part, self.filter)
+            dataset = ds.FileSystemDataset(fragments, self.schema, dataset.format, self.filesystem)
+        yield from dataset.to_batches(columns=self.columns, filter=self.filter)
+
+    def _sequential(self, chunks: Iterator[pa.RecordBatch | None]) -> Iterator[Batch]:
+        size = self.config.batch_size
+        pending: list[pa.RecordBatch] = []
+        rows = 0
+        for chunk in chunks:
+            if chunk is not None and chunk.num_rows:
+                pending.append(chunk)
+                rows += chunk.num_rows
+            if rows >= size or (chunk is _CAUGHT_UP and rows):
+                table = pa.Table.from_batches(pending)
+                whole = (
+                    rows
+                    if chunk is _CAUGHT_UP and not self.config.drop_last
+                    else rows - rows % size
+                )
+                for start in range(0, whole, size):
+                    yield self.to_batch(table.slice(start, min(size, whole - start)))
+                pending, rows = table.slice(whole).to_batches(), rows - whole
+        if rows and not self.config.drop_last:
+            yield self.to_batch(pa.Table.from_batches(pending))
+
+    def _shuffled(
+        self, chunks: Iterator[pa.RecordBatch | None], rng: np.random.Generator
+    ) -> Iterator[Batch]:
+        """Shuffle within a buffer of rows; rows short of a whole batch wait for the next buffer."""
+        size, capacity = self.config.batch_size, self.config.shuffle_buffer
+        pending: list[pa.RecordBatch] = []
+        rows = 0
+        for chunk in chunks:
+            if chunk is not None and chunk.num_rows:
+                pending.append(chunk)
+                rows += chunk.num_rows
+            if rows >= capacity or (chunk is _CAUGHT_UP and rows):
+                table = pa.Table.from_batches(pending).combine_chunks()
+                order = rng.permutation(rows)
+                keep = 0 if chunk is _CAUGHT_UP else rows % size
+                yield from self._emit(table, order[: rows - keep])
+                pending = table.take(order[rows - keep :]).to_batches() if keep else []
+                rows = keep
+        if rows:
+            yield from self._emit(pa.Table.from_batches(pending), rng.permutation(rows))
+
+    def _emit(self, table: pa.Table, order: np.ndarray) -> Iterator[Batch]:
+        size = self.config.batch_size
+        block = self.to_batch(table.combine_chunks())
+        for start in range(0, len(order), size):
+            rows = order[start : start + size]
+            if len(rows) < size and self.config.drop_last:
+                return
+            yield block[rows]
+
+    def _episodes(self, chunks: Iterator[pa.RecordBatch | None]) -> Iterator[Batch]:
+        assembler = EpisodeAssembler()
+        for chunk in chunks:
+            if chunk is not None and chunk.num_rows:
+                for episode in assembler.add(chunk):
+                    yield self.to_batch(episode)
+        for episode in assembler.remaining():
+            yield self.to_batch(episode)
+
+
+def build_filter(config: ReaderConfig) -> ds.Expression | None:
+    """The config's filters as one expression; partition pruning rides on the ``date`` key."""
+    terms: list[ds.Expression] = []
+    if config.min_policy_version is not None:
+        terms.append(ds.field("policy_version") >= config.min_policy_version)
+    if config.max_policy_version is not None:
+        terms.append(ds.field("policy_version") <= config.max_policy_version)
+    if config.training_enabled is not None:
+        terms.append(ds.field("training_enabled") == config.training_enabled)
+    if config.client_ids is not None:
+        terms.append(ds.field("client_id").isin(list(config.client_ids)))
+    if config.agent_ids is not None:
+        terms.append(ds.field("agent_id").isin(list(config.agent_ids)))
+    if config.since is not None:
+        terms.append(ds.field("logged_at") >= pa.scalar(config.since, schema.TIMESTAMP))
+        # a shard's partition is its first row's date, so later rows may sit one day earlier
+        terms.append(ds.field(layout.PARTITION_KEY) >= _day(config.since - timedelta(days=1)))
+    if config.until is not None:
+        terms.append(ds.field("logged_at") < pa.scalar(config.until, schema.TIMESTAMP))
+        terms.append(ds.field(layout.PARTITION_KEY) <= _day(config.until))
+    combined: ds.Expression | None = None
+    for term in terms:
+        combined = _combine(combined, term)
+    return combined
+
+
+def _combine(left: ds.Expression | None, right: ds.Expression | None) -> ds.Expression | None:
+    if left is None or right is None:
+        return left if right is None else right
+    return left & right
+
+
+def _day(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def _as_datetime(name: str, value: object) -> datetime | None:
+    """Accept datetimes and ISO strings; naive times are taken as UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ConfigError("ReaderConfig", name, "an ISO 8601 date or datetime", value) from None
+    if not isinstance(value, datetime):
+        raise ConfigError("ReaderConfig", name, "a datetime or ISO 8601 string", value)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError("ReaderConfig", name, f"an integer >= {minimum}", value)
+
+
+def _to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Plain columns as numpy; nulls become NaN (action_logp) or -1 (policy_version)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count and pa.types.is_integer(column.type):
+        column = pc.fill_null(column, -1)
+    elif column.null_count and pa.types.is_floating(column.type):
+        column = pc.fill_null(column, float("nan"))
+    return column.to_numpy(zero_copy_only=False)

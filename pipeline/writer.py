@@ -1,0 +1,316 @@
+"""The dataset writer: validated rows in, durable acknowledgements out, shards committed behind.
+
+Durability contract: once ``append`` (or the ``flush`` after it) returns, its rows survive a
+``kill -9``; readers never see a partial file; reopening the dataset recovers every acknowledged row
+and drops torn tails; many writer processes can share one directory because each names its files
+with its own writer id. The path an append takes: validate (columnar, all problems at once), write
+one message to the write-ahead log and fsync it (group commit across threads), return. A
+background thread rolls the log segment into a Parquet shard when it reaches ``max_rows``,
+``max_bytes`` or ``max_age_s``, renames the shard into place, then deletes the segment.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import gymnasium as gym
+import pyarrow as pa
+
+from pipeline import layout, schema
+from pipeline.errors import ConfigError, DatasetError
+from pipeline.manifest import Manifest, create_or_check, read_manifest
+from pipeline.recovery import recover
+from pipeline.shard import first_date, write_shard
+from pipeline.wal import Segment
+
+Columns: TypeAlias = Mapping[str, Any] | pa.RecordBatch | pa.Table
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """When shards roll, and how hard the writer pushes back.
+
+    Attributes:
+        max_rows: rows per shard before it rolls.
+        max_bytes: bytes of Arrow data per shard before it rolls.
+        max_age_s: seconds a shard stays open; bounds how stale a following reader can be.
+        row_group_rows: Parquet row group size; smaller groups prune and shuffle better.
+        max_pending_shards: rolled shards waiting to be written before appends wait.
+        fsync: False only for tests of throughput ceilings; it voids the durability contract.
+    """
+
+    max_rows: int = 1_000_000
+    max_bytes: int = 256 * 2**20
+    max_age_s: float = 5.0
+    row_group_rows: int = 131_072
+    max_pending_shards: int = 4
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_rows", "max_bytes", "row_group_rows", "max_pending_shards"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError("WriterConfig", name, "an integer >= 1", value)
+        if not isinstance(self.max_age_s, int | float) or not self.max_age_s > 0:
+            raise ConfigError(
+                "WriterConfig", "max_age_s", "a number of seconds > 0", self.max_age_s
+            )
+
+
+class _Table:
+    """One table's open log segment and what rolls it."""
+
+    def __init__(self, name: str, table_schema: pa.Schema, wal_dir: Path, seq: int) -> None:
+        self.name = name
+        self.schema = table_schema
+        self.lock = threading.Lock()
+        self.segment: Segment | None = None
+        self.date = ""
+        self.opened = 0.0
+        self._wal_dir = wal_dir
+        self._seq = seq
+
+    def open_segment(self, date: str, fsync: bool) -> Segment:
+        path = self._wal_dir / layout.segment_name(self.name, self._seq)
+        self.segment = Segment(path, self.schema, self._seq, fsync=fsync)
+        self._seq += 1
+        self.date, self.opened = date, time.monotonic()
+        return self.segment
+
+    def detach(self) -> Segment | None:
+        segment, self.segment = self.segment, None
+        return segment
+
+
+class DatasetWriter:
+    """Appends steps and episodes to a dataset directory, durably.
+
+    Args:
+        path: the dataset directory (local: the log needs fsync and file locks).
+        observation_space: required when creating a dataset; checked against the manifest otherwise.
+        action_space: as ``observation_space``.
+        env_id: the gymnasium id, recorded so replay and evaluation can rebuild the env.
+        config: when shards roll.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        observation_space: gym.Space[Any] | None = None,
+        action_space: gym.Space[Any] | None = None,
+        *,
+        env_id: str | None = None,
+        config: WriterConfig | None = None,
+    ) -> None:
+        self.root = str(Path(path).resolve())
+        self.config = config or WriterConfig()
+        self.manifest = self._open_manifest(observation_space, action_space, env_id)
+        self.writer_id = secrets.token_hex(6)
+        self.recovered = recover(self.root)
+        self._lock_fd, wal_dir = self._claim_wal_dir()
+        step_schema = schema.step_schema(
+            self.manifest.observation_space, self.manifest.action_space
+        )
+        self._tables = {
+            layout.STEPS: _Table(layout.STEPS, step_schema, wal_dir, 0),
+            layout.EPISODES: _Table(layout.EPISODES, schema.EPISODE_SCHEMA, wal_dir, 0),
+        }
+        self._wal_dir = wal_dir
+        self._pending: queue.Queue[tuple[_Table, Segment, str] | None] = queue.Queue(
+            self.config.max_pending_shards
+        )
+        self._failure: BaseException | None = None
+        self._closed = threading.Event()
+        self.rows_acknowledged = 0
+        self.shards_committed = 0
+        self.last_commit_seconds = 0.0
+        self._committer = threading.Thread(
+            target=self._commit_loop, daemon=True, name="rlpipe-commit"
+        )
+        self._ticker = threading.Thread(target=self._tick_loop, daemon=True, name="rlpipe-roll")
+        self._committer.start()
+        self._ticker.start()
+
+    @property
+    def step_schema(self) -> pa.Schema:
+        return self._tables[layout.STEPS].schema
+
+    @property
+    def backlog(self) -> int:
+        """Rolled shards waiting to be written; the server answers 503 when this is full."""
+        return self._pending.qsize()
+
+    def append(self, steps: Columns) -> int:
+        """Validate ``steps`` and make them durable; returns how many rows were acknowledged.
+
+        ``steps`` is a mapping of column name to per-row values (numpy arrays, lists), or an Arrow
+        batch or table. Optional columns (agent_id, action_logp, policy_version, training_enabled,
+        info, client_id, logged_at) take their defaults when absent.
+
+        Raises:
+            SchemaError: naming every bad row and field; nothing of this call is written.
+        """
+        manifest = self.manifest
+        batch = self._to_batch(
+            steps,
+            lambda columns: schema.steps_from_columns(
+                self.step_schema, columns, manifest.observation_space, manifest.action_space
+            ),
+        )
+        return self._append(self._tables[layout.STEPS], batch)
+
+    def append_rows(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Per-row form of :meth:`append`; problems name the row's index in ``rows``."""
+        return self.append(schema.rows_to_columns(rows))
+
+    def append_episodes(self, episodes: Columns | Sequence[Mapping[str, Any]]) -> int:
+        """Record ended episodes (one row each) in the episodes table."""
+        if isinstance(episodes, Sequence):
+            episodes = schema.rows_to_columns(episodes)
+        batch = self._to_batch(episodes, schema.episodes_from_columns)
+        return self._append(self._tables[layout.EPISODES], batch)
+
+    def flush(self) -> None:
+        """Commit everything appended so far into shards, so that readers can see it."""
+        for table in self._tables.values():
+            self._roll(table)
+        self._pending.join()
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """Flush, stop the background threads and release the log. Safe to call twice."""
+        if self._closed.is_set():
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed.set()
+            self._pending.put(None)
+            self._committer.join()
+            self._ticker.join()
+            self._release_wal_dir()
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open_manifest(
+        self,
+        observation_space: gym.Space[Any] | None,
+        action_space: gym.Space[Any] | None,
+        env_id: str | None,
+    ) -> Manifest:
+        if observation_space is None or action_space is None:
+            if observation_space is not None or action_space is not None:
+                raise DatasetError("give both observation_space and action_space, or neither")
+            return read_manifest(self.root)
+        return create_or_check(self.root, Manifest(observation_space, action_space, env_id))
+
+    def _claim_wal_dir(self) -> tuple[int, Path]:
+        """Lock a fresh log directory; a recovering writer can tell a live writer by its lock."""
+        base = layout.wal_root(self.root)
+        base.mkdir(parents=True, exist_ok=True)
+        staging = base / f".new-{self.writer_id}"
+        staging.mkdir()
+        fd = os.open(staging / layout.WAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        final = base / self.writer_id
+        staging.rename(final)
+        return fd, final
+
+    def _release_wal_dir(self) -> None:
+        for leftover in self._wal_dir.glob("*.arrows"):
+            leftover.unlink()  # only empty segments remain after a clean flush
+        (self._wal_dir / layout.WAL_LOCK).unlink(missing_ok=True)
+        self._wal_dir.rmdir()
+        os.close(self._lock_fd)
+
+    def _to_batch(self, data: Columns, build: Any) -> pa.RecordBatch:
+        if isinstance(data, pa.Table):
+            data = {name: data.column(name) for name in data.column_names}
+        elif isinstance(data, pa.RecordBatch):
+            data = {name: data.column(name) for name in data.schema.names}
+        batch: pa.RecordBatch = build(data)
+        return batch
+
+    def _append(self, table: _Table, batch: pa.RecordBatch) -> int:
+        self._raise_if_failed()
+        if self._closed.is_set():
+            raise DatasetError("this DatasetWriter is closed; open a new one")
+        if batch.num_rows == 0:
+            return 0
+        date = first_date(batch)
+        rolled = None
+        with table.lock:
+            if table.segment is not None and table.date != date:
+                rolled = (table.detach(), table.date)
+            segment = table.segment or table.open_segment(date, self.config.fsync)
+            mine = segment.write(batch)
+            if segment.rows >= self.config.max_rows or segment.bytes >= self.config.max_bytes:
+                rolled = rolled or (table.detach(), date)
+        segment.sync(mine)
+        self.rows_acknowledged += batch.num_rows if table.name == layout.STEPS else 0
+        if rolled and rolled[0] is not None:
+            self._submit(table, rolled[0], rolled[1])
+        return batch.num_rows
+
+    def _roll(self, table: _Table, max_age: float | None = None) -> None:
+        with table.lock:
+            if table.segment is None:
+                return
+            if max_age is not None and time.monotonic() - table.opened < max_age:
+                return
+            segment, date = table.detach(), table.date
+        if segment is not None:
+            self._submit(table, segment, date)
+
+    def _submit(self, table: _Table, segment: Segment, date: str) -> None:
+        segment.close()
+        self._pending.put((table, segment, date))
+
+    def _commit_loop(self) -> None:
+        while (item := self._pending.get()) is not None:
+            table, segment, date = item
+            try:
+                if self._failure is None and segment.rows:
+                    started = time.perf_counter()
+                    write_shard(
+                        self.root, table.name, self.writer_id, segment.seq, date,
+                        segment.batches, self.config.row_group_rows,
+                    )  # fmt: skip
+                    self.shards_committed += 1
+                    self.last_commit_seconds = time.perf_counter() - started
+                if self._failure is None:
+                    segment.path.unlink()
+            except BaseException as error:  # surfaced on the next append or flush
+                self._failure = error
+            finally:
+                self._pending.task_done()
+        self._pending.task_done()
+
+    def _tick_loop(self) -> None:
+        period = min(self.config.max_age_s / 4, 0.25)
+        while not self._closed.wait(period):
+            for table in self._tables.values():
+                try:
+                    self._roll(table, self.config.max_age_s)
+                except BaseException as error:
+                    self._failure = error
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise DatasetError(
+                f"{self.root}: committing a shard failed ({self._failure!r}); acknowledged rows "
+                "are safe in the log and a new writer on this directory will recover them"
+            ) from self._failure

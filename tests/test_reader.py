@@ -1,0 +1,197 @@
+"""InputReader: sequential, shuffled and episode reads; filters; follow; splits; other readers."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import cartpole_rollout, cartpole_spaces
+
+from pipeline import (
+    ConfigError,
+    DatasetError,
+    DatasetWriter,
+    FormatVersionError,
+    InputReader,
+    WriterConfig,
+)
+
+
+def _keys(batches: list[Any]) -> list[tuple[str, int]]:
+    return [(str(e), int(t)) for b in batches for e, t in zip(b.episode_ids, b.ts, strict=True)]
+
+
+def test_sequential_batches_in_commit_order(make_dataset: Any) -> None:
+    path = make_dataset(steps=1000, per_append=300)
+    batches = list(InputReader(path, batch_size=128))
+    assert [len(b) for b in batches] == [128] * 7 + [104]
+    rows = cartpole_rollout(1000)
+    np.testing.assert_array_equal(
+        np.concatenate([b.observations for b in batches]), rows["observation"]
+    )
+    assert len(list(InputReader(path, batch_size=128, drop_last=True))) == 7
+
+
+def test_shuffle_is_seeded_and_complete(make_dataset: Any) -> None:
+    path = make_dataset(steps=1000, per_append=100, config=WriterConfig(max_rows=200))
+    first = _keys(list(InputReader(path, batch_size=64, shuffle=True, seed=3, shuffle_buffer=300)))
+    again = _keys(list(InputReader(path, batch_size=64, shuffle=True, seed=3, shuffle_buffer=300)))
+    other = _keys(list(InputReader(path, batch_size=64, shuffle=True, seed=4, shuffle_buffer=300)))
+    sequential = _keys(list(InputReader(path, batch_size=64)))
+    assert first == again and first != other and first != sequential
+    assert sorted(first) == sorted(sequential) and len(set(first)) == 1000
+
+
+def test_epochs_reshuffle(make_dataset: Any) -> None:
+    reader = InputReader(make_dataset(steps=300), batch_size=300, shuffle=True)
+    assert _keys(list(reader)) != _keys(list(reader))
+
+
+def test_whole_episodes_in_order(make_dataset: Any) -> None:
+    path = make_dataset(steps=1000, per_append=37, config=WriterConfig(max_rows=100))
+    episodes = list(InputReader(path, episodes=True))
+    rows = cartpole_rollout(1000)
+    assert sum(len(e) for e in episodes) == 1000
+    for episode in episodes:
+        assert len(set(episode.episode_ids)) == 1
+        np.testing.assert_array_equal(episode.ts, np.arange(len(episode)))
+    complete = [e for e in episodes if e.terminateds[-1] or e.truncateds[-1]]
+    assert len(complete) == len(set(rows["episode_id"])) - 1  # the rollout ends mid-episode
+    assert not (episodes[-1].terminateds[-1] or episodes[-1].truncateds[-1])
+
+
+def test_projection_reads_only_what_is_asked(make_dataset: Any) -> None:
+    batch = next(iter(InputReader(make_dataset(steps=10), columns=["observations", "reward"])))
+    assert batch.observations.shape == (10, 4) and batch.rewards.shape == (10,)
+    assert batch.actions is None and batch.episode_ids is None
+    with pytest.raises(ConfigError, match=re.escape("ReaderConfig.columns: expected names from")):
+        InputReader(make_dataset(steps=10, name="b"), columns=["velocity"])
+
+
+def test_filters_push_down(tmp_path: Path) -> None:
+    rows = cartpole_rollout(100)
+    with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
+        for version in range(4):
+            writer.append(rows | {"policy_version": np.full(100, version),
+                                  "client_id": np.full(100, f"c{version % 2}"),
+                                  "training_enabled": np.full(100, version != 3)})  # fmt: skip
+
+    def count(**filters: Any) -> int:
+        return sum(len(b) for b in InputReader(tmp_path, columns=["t"], **filters))
+
+    assert count() == 400
+    assert count(min_policy_version=2) == 200
+    assert count(min_policy_version=1, max_policy_version=1) == 100
+    assert count(training_enabled=True) == 300
+    assert count(client_ids=["c1"]) == 200
+    assert count(agent_ids=["nobody"]) == 0
+    now = datetime.now(UTC)
+    assert count(since=now - timedelta(hours=1)) == 400
+    assert count(until=now - timedelta(hours=1)) == 0
+    assert count(since=(now + timedelta(hours=1)).isoformat()) == 0
+
+
+def test_follow_yields_every_row_exactly_once(tmp_path: Path) -> None:
+    config = WriterConfig(max_age_s=0.05)
+    writer = DatasetWriter(tmp_path, *cartpole_spaces(), config=config)
+    rows = cartpole_rollout(100)
+
+    def produce() -> None:
+        for number in range(30):
+            writer.append(rows | {"episode_id": np.full(100, f"b{number}"), "t": np.arange(100)})
+            time.sleep(0.01)
+        writer.close()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    seen = _keys(
+        list(InputReader(tmp_path, batch_size=64, follow=True, timeout_s=1.0, poll_interval_s=0.02))
+    )
+    producer.join()
+    assert len(seen) == 3000 and len(set(seen)) == 3000
+
+
+def test_follow_stops_after_timeout(make_dataset: Any) -> None:
+    started = time.monotonic()
+    batches = list(
+        InputReader(make_dataset(steps=50), follow=True, timeout_s=0.3, poll_interval_s=0.05)
+    )
+    assert sum(len(b) for b in batches) == 50
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_ranks_split_without_overlap(make_dataset: Any, shuffle: bool) -> None:
+    path = make_dataset(
+        steps=2000, per_append=100, config=WriterConfig(max_rows=100, row_group_rows=50)
+    )
+    shares = [
+        _keys(list(InputReader(path, batch_size=32, shuffle=shuffle, rank=rank, world_size=3)))
+        for rank in range(3)
+    ]
+    assert all(shares)
+    together = [key for share in shares for key in share]
+    assert len(together) == len(set(together)) == 2000
+
+
+def test_dataloader_workers_split_without_overlap(make_dataset: Any) -> None:
+    import torch.utils.data
+
+    path = make_dataset(steps=1000, per_append=100, config=WriterConfig(max_rows=100))
+    reader = InputReader(path, batch_size=50, columns=["episode_id", "t", "observation"])
+    loader = torch.utils.data.DataLoader(
+        reader.as_torch_dataset(), batch_size=None, num_workers=2, collate_fn=lambda b: b
+    )
+    keys = _keys(list(loader))
+    assert len(keys) == len(set(keys)) == 1000
+
+
+def test_next_cycles_like_rllib(make_dataset: Any) -> None:
+    reader = InputReader(make_dataset(steps=100), batch_size=60)
+    assert [len(reader.next()) for _ in range(4)] == [60, 40, 60, 40]
+
+
+def test_to_torch_shares_memory(make_dataset: Any) -> None:
+    import torch
+
+    batch = next(iter(InputReader(make_dataset(steps=10)))).to_torch()
+    assert batch.observations.dtype == torch.float32 and batch.observations.shape == (10, 4)
+    assert batch.terminateds.dtype == torch.bool
+    assert isinstance(batch.episode_ids, np.ndarray)
+
+
+def test_pandas_reads_the_files_unchanged(make_dataset: Any) -> None:
+    path = make_dataset(steps=500)
+    frame = pd.read_parquet(path / "steps")
+    assert len(frame) == 500 and {"episode_id", "reward", "date"} <= set(frame.columns)
+    assert frame["observation"].iloc[0].shape == (4,)
+
+
+def test_duckdb_reads_the_files_unchanged(make_dataset: Any) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    path = make_dataset(steps=500)
+    files = f"{path}/steps/*/*.parquet"
+    query = f"SELECT count(*), sum(reward), max(len(observation)) FROM read_parquet('{files}')"
+    assert duckdb.execute(query).fetchall() == [(500, 500.0, 4)]
+
+
+def test_newer_format_says_upgrade(make_dataset: Any) -> None:
+    path = make_dataset(steps=10)
+    manifest = path / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"format_version": 1', '"format_version": 99'))
+    with pytest.raises(
+        FormatVersionError, match="newer than the 1 this rlpipe reads; upgrade rlpipe"
+    ):
+        InputReader(path)
+
+
+def test_not_a_dataset(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="not an rlpipe dataset"):
+        InputReader(tmp_path)
