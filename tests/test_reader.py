@@ -15,6 +15,7 @@ import pytest
 from conftest import cartpole_rollout, cartpole_spaces
 
 from pipeline import (
+    Batch,
     ConfigError,
     DatasetError,
     DatasetWriter,
@@ -158,13 +159,22 @@ def test_next_cycles_like_rllib(make_dataset: Any) -> None:
     assert [len(reader.next()) for _ in range(4)] == [60, 40, 60, 40]
 
 
-def test_to_torch_shares_memory(make_dataset: Any) -> None:
+def test_to_torch_types_and_memory(make_dataset: Any) -> None:
     import torch
 
-    batch = next(iter(InputReader(make_dataset(steps=10)))).to_torch()
-    assert batch.observations.dtype == torch.float32 and batch.observations.shape == (10, 4)
-    assert batch.terminateds.dtype == torch.bool
-    assert isinstance(batch.episode_ids, np.ndarray)
+    batch = next(iter(InputReader(make_dataset(steps=10))))
+    tensors = batch.to_torch()
+    assert tensors.observations.dtype == torch.float32 and tensors.observations.shape == (10, 4)
+    assert tensors.terminateds.dtype == torch.bool
+    assert isinstance(tensors.episode_ids, np.ndarray)
+    # zero-copy views of Arrow memory are read-only, so torch gets a copy it may write to
+    assert not batch.observations.flags.writeable
+    tensors.observations.add_(1.0)
+    assert np.array_equal(batch.observations + 1.0, tensors.observations.numpy())
+    # writable arrays are shared, not copied
+    own = Batch(rewards=np.zeros(3))
+    own.to_torch().rewards.add_(2.0)
+    assert own.rewards.tolist() == [2.0, 2.0, 2.0]
 
 
 def test_pandas_reads_the_files_unchanged(make_dataset: Any) -> None:
@@ -195,3 +205,19 @@ def test_newer_format_says_upgrade(make_dataset: Any) -> None:
 def test_not_a_dataset(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="not an rlpipe dataset"):
         InputReader(tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "shuffle", "episodes"])
+def test_device_yields_torch_batches_with_the_same_rows(make_dataset: Any, mode: str) -> None:
+    import torch
+
+    path = make_dataset(steps=700, per_append=300)
+    options = {"shuffle": mode == "shuffle", "episodes": mode == "episodes", "seed": 1}
+    plain = list(InputReader(path, batch_size=128, shuffle_buffer=256, **options))
+    tensors = list(InputReader(path, batch_size=128, shuffle_buffer=256, device="cpu", **options))
+    assert [len(b) for b in tensors] == [len(b) for b in plain]
+    for numpy_batch, torch_batch in zip(plain, tensors, strict=True):
+        assert isinstance(torch_batch.observations, torch.Tensor)
+        assert np.array_equal(torch_batch.observations.numpy(), numpy_batch.observations)
+        assert np.array_equal(torch_batch.actions.numpy(), numpy_batch.actions)
+        assert list(torch_batch.episode_ids) == list(numpy_batch.episode_ids)
