@@ -85,3 +85,27 @@ def test_sigkill_loses_no_acknowledged_row(tmp_path: Path) -> None:
             pq.read_metadata(shard)  # every visible file is whole
     assert not list((path / "_wal").glob("*/*.arrows")), "recovery left log segments behind"
     assert len(acknowledged) > ROUNDS
+
+
+def test_writer_processes_share_a_directory(tmp_path: Path) -> None:
+    """Three processes write one dataset at once; every acknowledged row lands, none collides."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    path = tmp_path / "ds"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(path), str(run), "40"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        for run in range(3)
+    ]
+    acknowledged: dict[str, int] = {}
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        acknowledged.update((name, int(rows)) for name, rows in map(str.split, out.splitlines()))
+    stored = _stored(path)
+    assert {name: len(ts) for name, ts in stored.items()} == acknowledged
+    assert len(acknowledged) == 120
+    writers = {shard.name.split("-")[1] for shard in path.glob("steps/*/part-*.parquet")}
+    assert len(writers) == 3
+    assert not list(path.glob("_wal/*")), "clean exits leave no log behind"

@@ -172,6 +172,19 @@ def test_concurrent_appends_from_threads_all_land(tmp_path: Path) -> None:
     assert sorted(set(batch.client_ids)) == [f"c{i}" for i in range(8)]
 
 
+def test_shards_roll_by_bytes(tmp_path: Path) -> None:
+    rows = cartpole_rollout(1000)
+    # a CartPole step is ~60 bytes in Arrow: 10 kB rolls after every second 100-row append
+    config = WriterConfig(max_bytes=10_000, max_age_s=60)
+    with DatasetWriter(tmp_path, *cartpole_spaces(), config=config) as writer:
+        for start in range(0, 1000, 100):
+            writer.append({key: value[start : start + 100] for key, value in rows.items()})
+        writer.flush()
+        sizes = [pq.read_metadata(s).num_rows for s in sorted(tmp_path.glob("steps/*/*.parquet"))]
+    assert sum(sizes) == 1000 and len(sizes) >= 4
+    assert all(size <= 200 for size in sizes)
+
+
 def test_two_writers_share_a_directory(tmp_path: Path) -> None:
     rows = cartpole_rollout(100)
     first = DatasetWriter(tmp_path, *cartpole_spaces())

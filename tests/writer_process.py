@@ -1,5 +1,5 @@
-"""A writer process for the durability test: appends numbered batches forever, printing each
-acknowledgement after ``append`` returns, until it is killed."""
+"""A writer process for the durability tests: appends numbered batches (forever, or ``batches``
+of them), printing each acknowledgement after ``append`` returns, until it is killed or done."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import numpy as np
 from pipeline import DatasetWriter, WriterConfig
 
 
-def main(path: str, run: int) -> None:
+def main(path: str, run: int, batches: int = 1_000_000) -> None:
     rng = np.random.default_rng(run)
     config = WriterConfig(max_rows=5_000, max_age_s=0.05, max_pending_shards=2)
     observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     with DatasetWriter(path, observation_space, gym.spaces.Discrete(2), config=config) as writer:
-        for number in range(1_000_000):
+        for number in range(batches):
             rows = int(rng.integers(1, 3_000))
             observations = rng.standard_normal((rows, 4)).astype(np.float32)
             writer.append(
@@ -35,4 +35,4 @@ def main(path: str, run: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), *(int(arg) for arg in sys.argv[3:]))

@@ -1,0 +1,84 @@
+"""``rlpipe import FORMAT SRC DIR [--env ENV_ID]``: a recording from elsewhere, as a new dataset."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pipeline.errors import ConfigError, DatasetError
+
+if TYPE_CHECKING:
+    from pipeline.importers.transitions import SourceSteps
+
+FORMATS = ("rllib-json", "rllib-jsonl", "rllib-parquet", "minari", "d4rl", "table")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "import",
+        help="import RLlib, Minari, D4RL or table data into a new dataset",
+        description=(
+            "Import a recording into a new rlpipe dataset. FORMAT is one of: rllib-json (old "
+            "SampleBatch JSON lines; a file, a directory or a zip), rllib-jsonl and rllib-parquet "
+            "(Ray Data output directories), minari (a Minari dataset directory or its "
+            "main_data.hdf5), d4rl (an HDF5 file), table (CSV or Parquet)."
+        ),
+    )
+    parser.add_argument("format", choices=FORMATS, metavar="FORMAT", help=", ".join(FORMATS))
+    parser.add_argument("src", metavar="SRC", help="the file or directory to import")
+    parser.add_argument("dir", metavar="DIR", help="the new dataset directory")
+    parser.add_argument(
+        "--env",
+        dest="env_id",
+        default=None,
+        help="gymnasium env id: gives the spaces, the time limit, and lets replay rebuild the env",
+    )
+    parser.add_argument(
+        "--max-episode-steps",
+        type=int,
+        default=None,
+        help="the time limit the data was recorded under, when it is not the env's registered one "
+        "(an episode ending with `done` at this length is truncated, not terminated)",
+    )
+    parser.set_defaults(command_module=__name__)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.importers.transitions import env_spaces, infer_spaces, write_dataset
+
+    if args.max_episode_steps is not None and args.max_episode_steps < 1:
+        raise ConfigError("import", "max_episode_steps", "an integer >= 1", args.max_episode_steps)
+    steps, env_hint = _readers()[args.format](args.src)
+    env_id = args.env_id or env_hint
+    observation_space = action_space = None
+    if args.env_id is None and env_hint is not None:
+        # an env the source names may not be installed here: keep its id, infer the spaces
+        try:
+            observation_space, action_space = env_spaces(env_hint)
+        except DatasetError:
+            observation_space, action_space = infer_spaces(steps)
+    summary = write_dataset(
+        steps,
+        args.dir,
+        env_id=env_id,
+        max_episode_steps=args.max_episode_steps,
+        observation_space=observation_space,
+        action_space=action_space,
+    )
+    print(summary.describe())
+    return 0
+
+
+def _readers() -> dict[str, Callable[[str], tuple[SourceSteps, str | None]]]:
+    """FORMAT -> reader returning the steps and the env id the source names (if any)."""
+    from pipeline.importers import d4rl, minari, rllib, table
+
+    return {
+        "rllib-json": lambda src: (rllib.read_sample_batches(src), None),
+        "rllib-jsonl": lambda src: (rllib.read_ray_data(src, "json"), None),
+        "rllib-parquet": lambda src: (rllib.read_ray_data(src, "parquet"), None),
+        "minari": minari.read_minari,
+        "d4rl": lambda src: (d4rl.read_d4rl(src), None),
+        "table": lambda src: (table.read_table(src), None),
+    }

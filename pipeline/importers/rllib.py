@@ -1,0 +1,167 @@
+"""Reading RLlib's offline recordings: SampleBatch JSON lines and Ray Data JSONL or Parquet.
+
+Two generations of RLlib output exist. The old ``JsonWriter`` writes one SampleBatch per line, its
+columns either plain lists or packed as base64 of LZ4 of a pickled ndarray
+(``ray.rllib.utils.compression.pack``). The new ``OfflineData`` writer goes through Ray Data: one
+step per row, in many small JSONL or Parquet files, vectors as variable-length ``list<double>``
+(or ``ray.data.arrow_tensor`` lists of floats). Both name columns the same way (``eps_id``,
+``obs``, ``new_obs``, ``actions``, ``rewards``, ``dones``, ...), which is what lets one mapping
+serve both.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from pipeline import layout
+from pipeline.errors import DatasetError
+from pipeline.importers.transitions import SourceSteps, arrow_to_numpy
+from pipeline.importers.unpickler import load_ndarray
+
+# RLlib column -> SourceSteps field. ``terminateds``/``truncateds`` are newer RLlib's, ``dones``
+# the older single flag.
+COLUMNS = {
+    "eps_id": "episode_keys",
+    "obs": "observations",
+    "actions": "actions",
+    "rewards": "rewards",
+    "new_obs": "next_observations",
+    "terminateds": "terminateds",
+    "truncateds": "truncateds",
+    "dones": "dones",
+    "agent_index": "agent_ids",
+    "t": "ts",
+    "action_logp": "action_logps",
+}
+REQUIRED = ("eps_id", "obs", "actions", "rewards", "new_obs")
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+
+
+def read_sample_batches(src: str | Path) -> SourceSteps:
+    """Old-style RLlib output: a JSON-lines file of SampleBatches, a directory of them, or a zip."""
+    pieces: dict[str, list[np.ndarray]] = {}
+    for where, line in _lines(src):
+        batch = _parse_line(line, where)
+        for name in COLUMNS:
+            if name in batch:
+                pieces.setdefault(name, []).append(_column(batch[name], f"{where}: '{name}'"))
+    if "eps_id" not in pieces:
+        raise DatasetError(f"{src}: no SampleBatch lines found")
+    columns = {name: np.concatenate(parts) for name, parts in pieces.items()}
+    return to_source_steps(columns, str(src))
+
+
+def read_ray_data(src: str | Path, file_format: str) -> SourceSteps:
+    """New-style RLlib output written by Ray Data: ``file_format`` is "json" or "parquet"."""
+    filesystem, root = layout.resolve(src)
+    paths = _data_files(filesystem, root, src)
+    dataset = ds.dataset(paths, format=file_format, filesystem=filesystem)
+    wanted = [name for name in COLUMNS if name in dataset.schema.names]
+    try:
+        table = dataset.to_table(columns=wanted)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        raise DatasetError(f"{src}: unreadable as {file_format} ({error})") from None
+    columns = {name: arrow_to_numpy(table.column(name), f"{src}: '{name}'") for name in wanted}
+    return to_source_steps(columns, str(src))
+
+
+def to_source_steps(columns: dict[str, np.ndarray], where: str) -> SourceSteps:
+    """Map RLlib's column names onto :class:`SourceSteps`; ``agent_index`` becomes ``agent<i>``."""
+    missing = [name for name in REQUIRED if name not in columns]
+    if missing:
+        raise DatasetError(
+            f"{where}: missing RLlib columns {missing}; found {sorted(columns)} "
+            f"(an RLlib recording needs {list(REQUIRED)})"
+        )
+    fields = {COLUMNS[name]: values for name, values in columns.items()}
+    if "agent_ids" in fields:
+        fields["agent_ids"] = np.char.add("agent", fields["agent_ids"].astype(str))
+    return SourceSteps(**fields)
+
+
+def _lines(src: str | Path) -> Iterator[tuple[str, str]]:
+    """(where, line) for every non-blank line of every JSON file in ``src``, in name order."""
+    filesystem, root = layout.resolve(src)
+    info = filesystem.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise DatasetError(f"{src}: no such file or directory")
+    paths = [root] if info.type == pafs.FileType.File else _data_files(filesystem, root, src)
+    for path in paths:
+        with filesystem.open_input_file(path) as handle:
+            data = handle.read()
+        if path.endswith(".zip"):
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                for name in sorted(n for n in archive.namelist() if not n.endswith("/")):
+                    yield from _numbered(f"{path}!{name}", archive.read(name))
+        else:
+            yield from _numbered(path, data)
+
+
+def _numbered(where: str, data: bytes) -> Iterator[tuple[str, str]]:
+    for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+        if line.strip():
+            yield f"{where}:{number}", line
+
+
+def _parse_line(line: str, where: str) -> dict[str, Any]:
+    try:
+        batch = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DatasetError(f"{where}: not JSON ({error})") from None
+    kind = batch.get("type") if isinstance(batch, dict) else None
+    if kind != "SampleBatch":
+        raise DatasetError(
+            f'{where}: expected a SampleBatch line ({{"type": "SampleBatch", ...}}), got type '
+            f"{kind!r}; multi-agent batches are not supported"
+        )
+    return batch
+
+
+def _column(value: Any, where: str) -> np.ndarray:
+    """A SampleBatch column: a plain list, or base64 of LZ4 of a pickled ndarray."""
+    if not isinstance(value, str):
+        return np.asarray(value)
+    try:
+        packed = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise DatasetError(f"{where}: a string that is not base64") from None
+    if not packed.startswith(_LZ4_MAGIC):
+        raise DatasetError(f"{where}: a packed column that is not LZ4-framed")
+    try:
+        import lz4.frame
+    except ModuleNotFoundError:
+        raise DatasetError(
+            f"{where}: packed (LZ4) columns need the lz4 package: pip install lz4"
+        ) from None
+    return load_ndarray(lz4.frame.decompress(packed), where)
+
+
+def _data_files(filesystem: pafs.FileSystem, root: str, src: str | Path) -> list[str]:
+    """A file itself, or a directory's files (skipping ``.`` and ``_`` names), in name order."""
+    info = filesystem.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        return [root]
+    if info.type != pafs.FileType.Directory:
+        raise DatasetError(f"{src}: no such file or directory")
+    selector = pafs.FileSelector(root, recursive=True)
+    paths = sorted(
+        entry.path
+        for entry in filesystem.get_file_info(selector)
+        if entry.type == pafs.FileType.File
+        and not any(part.startswith((".", "_")) for part in entry.path[len(root) + 1 :].split("/"))
+    )
+    if not paths:
+        raise DatasetError(f"{src}: an empty directory")
+    return paths

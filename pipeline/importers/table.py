@@ -1,0 +1,103 @@
+"""Tables with named columns: a pandas DataFrame, a CSV file or a Parquet file (or directory).
+
+Columns use the step table's names: ``episode_id``, ``observation``, ``action``, ``reward``,
+``next_observation`` (required), and ``terminated``/``truncated`` or a single ``done``,
+``agent_id``, ``t``, ``action_logp`` (optional). A vector may be one list-valued column (Parquet,
+DataFrame) or spread over numbered columns ``observation_0``, ``observation_1``, ... (CSV, which
+has no lists).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from pipeline import layout
+from pipeline.errors import DatasetError
+from pipeline.importers.transitions import ImportSummary, SourceSteps, arrow_to_numpy, write_dataset
+
+COLUMNS = {
+    "episode_id": "episode_keys",
+    "observation": "observations",
+    "action": "actions",
+    "reward": "rewards",
+    "next_observation": "next_observations",
+    "terminated": "terminateds",
+    "truncated": "truncateds",
+    "done": "dones",
+    "agent_id": "agent_ids",
+    "t": "ts",
+    "action_logp": "action_logps",
+}
+REQUIRED = ("episode_id", "observation", "action", "reward", "next_observation")
+_SUFFIXES = (".csv", ".parquet", ".pq")
+
+
+def import_dataframe(
+    frame: Any,
+    path: str | Path,
+    *,
+    env_id: str | None = None,
+    max_episode_steps: int | None = None,
+) -> ImportSummary:
+    """Import a pandas DataFrame with named columns as a new dataset at ``path``."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    steps = table_to_steps(table, "DataFrame")
+    return write_dataset(steps, path, env_id=env_id, max_episode_steps=max_episode_steps)
+
+
+def read_table(src: str | Path) -> SourceSteps:
+    """A CSV or Parquet file, or a directory of Parquet files, as source steps."""
+    filesystem, root = layout.resolve(src)
+    suffix = Path(root).suffix.lower()
+    file_format = "csv" if suffix == ".csv" else "parquet"
+    if suffix and suffix not in _SUFFIXES:
+        raise DatasetError(f"{src}: expected a .csv or .parquet file, got {suffix}")
+    try:
+        table = ds.dataset(root, format=file_format, filesystem=filesystem).to_table()
+    except FileNotFoundError:
+        raise DatasetError(f"{src}: no such file or directory") from None
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        raise DatasetError(f"{src}: unreadable as {file_format} ({error})") from None
+    return table_to_steps(table, str(src))
+
+
+def table_to_steps(table: pa.Table, where: str) -> SourceSteps:
+    """Map named columns onto :class:`SourceSteps`, gathering numbered vector columns."""
+    columns: dict[str, np.ndarray] = {}
+    for name, field in COLUMNS.items():
+        values = _gather(table, name, where)
+        if values is not None:
+            columns[field] = values
+    missing = [name for name in REQUIRED if COLUMNS[name] not in columns]
+    if missing:
+        raise DatasetError(
+            f"{where}: missing columns {missing}; found {table.column_names} (a vector may also "
+            "be spread over numbered columns such as observation_0, observation_1, ...)"
+        )
+    return SourceSteps(**columns)
+
+
+def _gather(table: pa.Table, name: str, where: str) -> np.ndarray | None:
+    if name in table.column_names:
+        return arrow_to_numpy(table.column(name), f"{where}: '{name}'")
+    pattern = re.compile(rf"^{name}_(\d+)$")
+    numbered = sorted(
+        (int(match[1]), column)
+        for column in table.column_names
+        if (match := pattern.match(column)) is not None
+    )
+    if not numbered:
+        return None
+    indices = [index for index, _ in numbered]
+    if indices != list(range(len(indices))):
+        raise DatasetError(
+            f"{where}: columns {name}_* must be numbered 0..{len(indices) - 1}, got {indices}"
+        )
+    parts = [arrow_to_numpy(table.column(column), f"{where}: '{column}'") for _, column in numbered]
+    return np.stack(parts, axis=1)

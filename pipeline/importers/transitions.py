@@ -1,0 +1,341 @@
+"""Foreign step rows in, our episodes out: the part every importer shares.
+
+A source hands over flat arrays in its own row order (:class:`SourceSteps`). Rows are grouped by
+episode key (and agent) in order of first appearance, keeping the source order inside each group,
+and a group is cut after every row that ends an episode. How an episode ended follows gymnasium's
+distinction (``gymnasium/core.py``, ``Env.step``): explicit ``terminated``/``truncated`` columns are
+taken as they are; an old-style ``done`` (RLlib's ``dones``, D4RL's ``terminals`` without
+``timeouts``) is ``truncated`` when the episode reached the env's time limit and ``terminated``
+otherwise; an episode whose rows simply stop (the key changes, or the data ends) is ``truncated``,
+because nothing says the env ended it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+
+from pipeline import layout
+from pipeline.errors import DatasetError
+from pipeline.writer import DatasetWriter
+
+_CHUNK_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class SourceSteps:
+    """Steps as a foreign format holds them, in its row order, row axis first.
+
+    ``dones`` is read only when ``terminateds`` and ``truncateds`` are both absent; ``ts`` (the
+    source's own step index) makes the time-limit check right for episodes recorded from mid-way.
+    ``seeds`` (per row, -1 for none) are the seeds episodes were reset with, which lets
+    ``rlpipe replay`` re-run them; the episode's first row gives its seed.
+    """
+
+    episode_keys: np.ndarray
+    observations: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    next_observations: np.ndarray
+    terminateds: np.ndarray | None = None
+    truncateds: np.ndarray | None = None
+    dones: np.ndarray | None = None
+    agent_ids: np.ndarray | None = None
+    ts: np.ndarray | None = None
+    action_logps: np.ndarray | None = None
+    seeds: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.episode_keys)
+        wrong = [
+            f"{name} has {len(value)}"
+            for name, value in vars(self).items()
+            if value is not None and len(value) != n
+        ]
+        if wrong:
+            raise DatasetError(
+                f"source columns differ in length: episode keys have {n} rows, " + ", ".join(wrong)
+            )
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """What an import wrote; ``returns`` are per episode, in the order the episodes were written."""
+
+    path: str
+    steps: int
+    episodes: int
+    terminated: int
+    truncated: int
+    returns: tuple[float, ...]
+
+    def describe(self) -> str:
+        mean = math.fsum(self.returns) / len(self.returns) if self.returns else float("nan")
+        return (
+            f"imported {self.steps} steps in {self.episodes} episodes ({self.terminated} "
+            f"terminated, {self.truncated} truncated; mean return {mean:.4g}) into {self.path}"
+        )
+
+
+@dataclass(frozen=True)
+class _Episodes:
+    """The source rows regrouped into episodes: per-row arrays in ``order``, per-episode lists."""
+
+    order: np.ndarray
+    episode_ids: np.ndarray
+    agent_ids: np.ndarray
+    ts: np.ndarray
+    terminateds: np.ndarray
+    truncateds: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def time_limit(env_id: str | None) -> int | None:
+    """gymnasium's ``max_episode_steps`` for ``env_id``, or None when unknown or unregistered."""
+    if env_id is None:
+        return None
+    try:
+        limit = gym.spec(env_id).max_episode_steps
+    except gym.error.Error:
+        return None
+    return int(limit) if limit is not None else None
+
+
+def env_spaces(env_id: str) -> tuple[gym.Space[Any], gym.Space[Any]]:
+    """The spaces of a registered env, which an import records so replay can rebuild it."""
+    try:
+        env = gym.make(env_id)
+    except gym.error.Error as error:
+        raise DatasetError(f"--env {env_id}: gymnasium cannot make it ({error})") from None
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def infer_spaces(steps: SourceSteps) -> tuple[gym.Space[Any], gym.Space[Any]]:
+    """Unbounded Boxes for the data's shapes, Discrete for integer scalar actions: used without
+    ``--env``, when nothing better describes the source."""
+    observation = gym.spaces.Box(-np.inf, np.inf, steps.observations.shape[1:], np.float32)
+    actions = steps.actions
+    if actions.dtype.kind in "iub" and actions.ndim == 1:
+        if actions.size and actions.min() < 0:
+            raise DatasetError(
+                f"actions: integer actions must be >= 0 to form a Discrete space, got "
+                f"{actions.min()}; give --env to say what the action space is"
+            )
+        n = int(actions.max()) + 1 if actions.size else 1
+        return observation, gym.spaces.Discrete(n)
+    return observation, gym.spaces.Box(-np.inf, np.inf, actions.shape[1:], np.float32)
+
+
+def write_dataset(
+    steps: SourceSteps,
+    path: str | Path,
+    *,
+    env_id: str | None = None,
+    max_episode_steps: int | None = None,
+    observation_space: gym.Space[Any] | None = None,
+    action_space: gym.Space[Any] | None = None,
+) -> ImportSummary:
+    """Write ``steps`` as a new dataset at ``path``, with one episodes-table row per episode.
+
+    Spaces come from the arguments, else from ``env_id``, else from the data. The time limit
+    comes from ``max_episode_steps``, else from the env's registration.
+
+    Raises:
+        DatasetError: when ``path`` already holds a dataset (an import never appends).
+        SchemaError: when the data does not fit the spaces.
+    """
+    if (Path(path) / layout.MANIFEST).exists():
+        raise DatasetError(f"{path}: already holds a dataset; import into a new directory")
+    if not len(steps.episode_keys):
+        raise DatasetError("the source holds no steps; nothing to import")
+    if observation_space is None or action_space is None:
+        observation_space, action_space = (
+            env_spaces(env_id) if env_id is not None else infer_spaces(steps)
+        )
+    limit = max_episode_steps if max_episode_steps is not None else time_limit(env_id)
+    episodes = split_episodes(steps, limit)
+    returns = _returns(steps.rewards[episodes.order], episodes)
+    with DatasetWriter(path, observation_space, action_space, env_id=env_id) as writer:
+        for start in range(0, len(episodes.order), _CHUNK_ROWS):
+            writer.append(_step_columns(steps, episodes, slice(start, start + _CHUNK_ROWS)))
+        writer.append_episodes(_episode_columns(steps, episodes, returns, env_id))
+    last = episodes.ends - 1
+    terminated = int(episodes.terminateds[last].sum()) if len(last) else 0
+    return ImportSummary(
+        path=str(Path(path).resolve()),
+        steps=len(episodes.order),
+        episodes=len(episodes.starts),
+        terminated=terminated,
+        truncated=len(last) - terminated,
+        returns=tuple(returns),
+    )
+
+
+def split_episodes(steps: SourceSteps, max_episode_steps: int | None) -> _Episodes:
+    """Group rows into episodes and decide how each ended (see the module docstring)."""
+    n = len(steps.episode_keys)
+    keys = steps.episode_keys.astype(str)
+    agents = (
+        steps.agent_ids.astype(str)
+        if steps.agent_ids is not None
+        else np.full(n, layout.DEFAULT_AGENT_ID)
+    )
+    _, first, inverse = np.unique(
+        np.char.add(np.char.add(keys, "\x00"), agents), return_index=True, return_inverse=True
+    )
+    group = np.argsort(np.argsort(first))[inverse.ravel()]  # groups numbered by first appearance
+    order = np.argsort(group, kind="stable")
+    ended = _ended(steps)[order]
+    group = group[order]
+    boundary = np.ones(n, dtype=bool)  # True where a row is the last of its episode
+    if n:
+        boundary[:-1] = ended[:-1] | (group[1:] != group[:-1])
+    ends = np.flatnonzero(boundary) + 1
+    starts = np.r_[0, ends[:-1]] if n else np.zeros(0, dtype=np.int64)
+    lengths = ends - starts
+    episode_of_row = np.repeat(np.arange(len(starts)), lengths)
+    ts = np.arange(n) - np.repeat(starts, lengths)
+    terminateds, truncateds = _end_flags(steps, order, ends, max_episode_steps)
+    return _Episodes(
+        order=order,
+        episode_ids=_episode_ids(keys[order], group, starts, episode_of_row),
+        agent_ids=agents[order],
+        ts=ts,
+        terminateds=terminateds,
+        truncateds=truncateds,
+        starts=starts,
+        ends=ends,
+    )
+
+
+def _ended(steps: SourceSteps) -> np.ndarray:
+    n = len(steps.episode_keys)
+    if steps.terminateds is not None or steps.truncateds is not None:
+        terminated = _flag(steps.terminateds, n)
+        return terminated | _flag(steps.truncateds, n)
+    return _flag(steps.dones, n)
+
+
+def _flag(values: np.ndarray | None, n: int) -> np.ndarray:
+    return np.zeros(n, dtype=bool) if values is None else np.asarray(values, dtype=bool)
+
+
+def _end_flags(
+    steps: SourceSteps, order: np.ndarray, ends: np.ndarray, limit: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    n = len(order)
+    last = ends - 1
+    explicit = steps.terminateds is not None or steps.truncateds is not None
+    if explicit:
+        terminateds = _flag(steps.terminateds, n)[order]
+        truncateds = _flag(steps.truncateds, n)[order]
+    else:
+        terminateds, truncateds = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        done = _flag(steps.dones, n)[order][last]
+        reached = np.zeros(len(last), dtype=bool)
+        if limit is not None:
+            source_t = steps.ts[order][last] if steps.ts is not None else last - _starts(ends)
+            reached = source_t + 1 >= limit
+        terminateds[last] = done & ~reached
+        truncateds[last] = done & reached
+    cut = ~(terminateds[last] | truncateds[last])  # rows stop with no end flag: the data was cut
+    truncateds[last[cut]] = True
+    return terminateds, truncateds
+
+
+def _starts(ends: np.ndarray) -> np.ndarray:
+    return np.r_[0, ends[:-1]] if len(ends) else ends
+
+
+def _episode_ids(
+    keys: np.ndarray, group: np.ndarray, starts: np.ndarray, episode_of_row: np.ndarray
+) -> np.ndarray:
+    """The source's key; a key that holds several episodes gets ``-1``, ``-2`` on the later ones."""
+    first_of_group = np.r_[True, group[starts][1:] != group[starts][:-1]] if len(starts) else []
+    index_in_group = np.arange(len(starts)) - np.maximum.accumulate(
+        np.where(first_of_group, np.arange(len(starts)), 0)
+    )
+    names = keys[starts].astype(object)
+    later = index_in_group > 0
+    pairs = zip(names[later], index_in_group[later], strict=True)
+    names[later] = [f"{key}-{i}" for key, i in pairs]
+    return names.astype(str)[episode_of_row] if len(starts) else keys
+
+
+def _returns(rewards: np.ndarray, episodes: _Episodes) -> list[float]:
+    """Exact sums (``math.fsum``), so a return does not depend on the order rows were added in."""
+    values = np.asarray(rewards, dtype=np.float64).tolist()
+    return [
+        math.fsum(values[start:end])
+        for start, end in zip(episodes.starts.tolist(), episodes.ends.tolist(), strict=True)
+    ]
+
+
+def _step_columns(steps: SourceSteps, episodes: _Episodes, rows: slice) -> dict[str, Any]:
+    source = episodes.order[rows]
+    columns: dict[str, Any] = {
+        "episode_id": episodes.episode_ids[rows],
+        "agent_id": episodes.agent_ids[rows],
+        "t": episodes.ts[rows],
+        "observation": steps.observations[source],
+        "action": steps.actions[source],
+        "reward": np.asarray(steps.rewards, dtype=np.float64)[source],
+        "next_observation": steps.next_observations[source],
+        "terminated": episodes.terminateds[rows],
+        "truncated": episodes.truncateds[rows],
+    }
+    if steps.action_logps is not None:
+        columns["action_logp"] = np.asarray(steps.action_logps, dtype=np.float64)[source]
+    return columns
+
+
+def _episode_columns(
+    steps: SourceSteps, episodes: _Episodes, returns: list[float], env_id: str | None
+) -> dict[str, Any]:
+    last = episodes.ends - 1
+    now = datetime.now(UTC)
+    count = len(last)
+    seeds: list[int | None] = [None] * count
+    if steps.seeds is not None:
+        first = np.asarray(steps.seeds, dtype=np.int64)[episodes.order[episodes.starts]]
+        seeds = [int(seed) if seed >= 0 else None for seed in first.tolist()]
+    return {
+        "episode_id": episodes.episode_ids[last],
+        "agent_id": episodes.agent_ids[last],
+        "started_at": [now] * count,
+        "ended_at": [now] * count,
+        "length": (episodes.ends - episodes.starts).tolist(),
+        "return": returns,
+        "env_id": [env_id] * count,
+        "seed": seeds,
+        "end_reason": np.where(episodes.terminateds[last], "terminated", "truncated").tolist(),
+    }
+
+
+def arrow_to_numpy(column: pa.ChunkedArray, where: str) -> np.ndarray:
+    """A column as numpy: scalars as a vector, list columns (variable-length by type, like Ray
+    Data's ``list<double>``) as a matrix when every row has the same length."""
+    array = column.combine_chunks()
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        lengths = np.diff(array.offsets.to_numpy())
+        if array.null_count or (len(lengths) and (lengths != lengths[0]).any()):
+            raise DatasetError(f"{where}: rows of different lengths; expected one shape per row")
+        width = int(lengths[0]) if len(lengths) else 0
+        values = array.flatten().to_numpy(zero_copy_only=False)
+        return values.reshape(len(array), width)
+    if pa.types.is_fixed_size_list(array.type):
+        return array.flatten().to_numpy(zero_copy_only=False).reshape(len(array), -1)
+    if array.null_count:
+        raise DatasetError(f"{where}: {array.null_count} null values")
+    return array.to_numpy(zero_copy_only=False)

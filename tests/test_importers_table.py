@@ -1,0 +1,220 @@
+"""Table, Minari and D4RL importers, on files built here from each format's documented layout."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+
+from pipeline import InputReader, read_manifest
+from pipeline.cli import main
+from pipeline.errors import DatasetError
+from pipeline.importers.table import import_dataframe
+from pipeline.replay import replay_episode
+
+h5py = pytest.importorskip("h5py")
+
+
+def rollouts(episodes: int = 3, seed: int = 0) -> list[dict[str, Any]]:
+    """Real CartPole episodes from a random policy, with their known returns and end flags."""
+    env = gym.make("CartPole-v1")
+    rng = np.random.default_rng(seed)
+    out = []
+    for index in range(episodes):
+        observation, _ = env.reset(seed=seed + index)
+        record: dict[str, list[Any]] = {k: [] for k in ("obs", "act", "rew", "term", "trunc")}
+        record["obs"].append(observation)
+        while True:
+            action = int(rng.integers(2))
+            observation, reward, terminated, truncated, _ = env.step(action)
+            for key, value in zip(("act", "rew", "term", "trunc"), (action, reward, terminated,
+                                  truncated), strict=True):  # fmt: skip
+                record[key].append(value)
+            record["obs"].append(observation)
+            if terminated or truncated:
+                break
+        out.append({key: np.asarray(value) for key, value in record.items()})
+    env.close()
+    return out
+
+
+def frame(episodes: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for index, episode in enumerate(episodes):
+        for t in range(len(episode["act"])):
+            rows.append({
+                "episode_id": f"e{index}",
+                "observation": episode["obs"][t].tolist(),
+                "action": int(episode["act"][t]),
+                "reward": float(episode["rew"][t]),
+                "next_observation": episode["obs"][t + 1].tolist(),
+                "terminated": bool(episode["term"][t]),
+                "truncated": bool(episode["trunc"][t]),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def check(path: Path, episodes: list[dict[str, Any]], env_id: str | None) -> None:
+    read = list(InputReader(path, episodes=True))
+    assert [len(e.rewards) for e in read] == [len(e["act"]) for e in episodes]
+    assert [math.fsum(e.rewards.tolist()) for e in read] == [
+        math.fsum(e["rew"].tolist()) for e in episodes
+    ]
+    for got, want in zip(read, episodes, strict=True):
+        np.testing.assert_array_equal(got.actions, want["act"])
+        np.testing.assert_allclose(got.observations, want["obs"][:-1], rtol=1e-6)
+        np.testing.assert_allclose(got.next_observations, want["obs"][1:], rtol=1e-6)
+        assert got.terminateds.tolist() == want["term"].tolist()
+    table = ds.dataset(path / "episodes", format="parquet", partitioning="hive").to_table()
+    assert sorted(table.column("length").to_pylist()) == sorted(len(e["act"]) for e in episodes)
+    assert set(table.column("end_reason").to_pylist()) == {"terminated"}
+    assert read_manifest(path).env_id == env_id
+
+
+def test_dataframe_import(tmp_path: Path) -> None:
+    episodes = rollouts()
+    summary = import_dataframe(frame(episodes), tmp_path / "ds", env_id="CartPole-v1")
+    assert (summary.episodes, summary.terminated) == (3, 3)
+    check(tmp_path / "ds", episodes, "CartPole-v1")
+
+
+def test_csv_with_numbered_vector_columns(tmp_path: Path) -> None:
+    episodes = rollouts()
+    table = frame(episodes)
+    for name in ("observation", "next_observation"):
+        spread = pd.DataFrame(table.pop(name).tolist()).add_prefix(f"{name}_")
+        table = pd.concat([table, spread], axis=1)
+    table.to_csv(tmp_path / "steps.csv", index=False)
+    argv = ["import", "table", str(tmp_path / "steps.csv"), str(tmp_path / "ds")]
+    assert main([*argv, "--env", "CartPole-v1"]) == 0
+    check(tmp_path / "ds", episodes, "CartPole-v1")
+
+
+def test_parquet_with_list_columns_and_a_done_flag(tmp_path: Path) -> None:
+    episodes = rollouts()
+    table = frame(episodes)
+    table["done"] = table.pop("terminated") | table.pop("truncated")
+    table.to_parquet(tmp_path / "steps.parquet")
+    assert main(["import", "table", str(tmp_path / "steps.parquet"), str(tmp_path / "ds")]) == 0
+    check(tmp_path / "ds", episodes, None)
+    assert read_manifest(tmp_path / "ds").action_space == gym.spaces.Discrete(2)
+
+
+def test_table_without_required_columns_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match=re.escape("DataFrame: missing columns ['reward', 'ne")):
+        import_dataframe(pd.DataFrame({"episode_id": ["a"], "observation": [[0.0]],
+                                       "action": [0]}), tmp_path / "ds")  # fmt: skip
+
+
+def write_minari(root: Path, episodes: list[dict[str, Any]], env_id: str = "CartPole-v1") -> Path:
+    """Minari's layout: DATASET/data/main_data.hdf5, one episode_<id> group per episode, with
+    observations (steps + 1 rows), actions, rewards, terminations, truncations; metadata.json."""
+    (root / "data").mkdir(parents=True)
+    with h5py.File(root / "data" / "main_data.hdf5", "w") as handle:
+        for index, episode in enumerate(episodes):
+            group = handle.create_group(f"episode_{index}")
+            group.attrs["id"] = index
+            group.attrs["seed"] = index  # rollouts() resets episode i with seed i
+            group.attrs["total_steps"] = len(episode["act"])
+            group.create_dataset("observations", data=episode["obs"])
+            group.create_dataset("actions", data=episode["act"])
+            group.create_dataset("rewards", data=episode["rew"])
+            group.create_dataset("terminations", data=episode["term"])
+            group.create_dataset("truncations", data=episode["trunc"])
+            group.create_group("infos")
+    spec = {"id": env_id, "entry_point": "gymnasium.envs.classic_control:CartPoleEnv"}
+    metadata = {"dataset_id": "cartpole/random-v0", "env_spec": json.dumps(spec)}
+    (root / "metadata.json").write_text(json.dumps(metadata))
+    return root
+
+
+def test_minari_dataset(tmp_path: Path) -> None:
+    episodes = rollouts()
+    src = write_minari(tmp_path / "cartpole-random-v0", episodes)
+    assert main(["import", "minari", str(src), str(tmp_path / "ds")]) == 0
+    check(tmp_path / "ds", episodes, "CartPole-v1")  # env id from the dataset's env_spec
+    for episode_id in ("0", "1", "2"):  # the seeds came along, so the episodes replay exactly
+        result = replay_episode(tmp_path / "ds", episode_id)
+        assert result.exact, result.describe()
+
+
+def test_minari_dataset_of_an_env_not_installed_here(tmp_path: Path) -> None:
+    src = write_minari(tmp_path / "m", rollouts(2), env_id="SomeRobot-v3")
+    assert main(["import", "minari", str(src), str(tmp_path / "ds")]) == 0
+    manifest = read_manifest(tmp_path / "ds")
+    assert manifest.env_id == "SomeRobot-v3"  # kept for the record; spaces from the data
+    assert manifest.observation_space == gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    assert manifest.action_space == gym.spaces.Discrete(2)
+
+
+def test_an_empty_table_is_refused(tmp_path: Path) -> None:
+    empty = pd.DataFrame({"episode_id": pd.Series([], dtype=str), "observation": [],
+                          "action": [], "reward": [], "next_observation": []})  # fmt: skip
+    with pytest.raises(DatasetError, match="the source holds no steps; nothing to import"):
+        import_dataframe(empty, tmp_path / "ds")
+
+
+def test_minari_observations_must_have_one_more_row(tmp_path: Path) -> None:
+    episodes = rollouts(1)
+    episodes[0]["obs"] = episodes[0]["obs"][:-1]
+    src = write_minari(tmp_path / "m", episodes)
+    with pytest.raises(DatasetError, match=r"episode_0: observations: expected \d+ rows \(one"):
+        from pipeline.importers.minari import read_minari
+
+        read_minari(src)
+
+
+def test_d4rl_hdf5(tmp_path: Path) -> None:
+    episodes = rollouts()
+    src = tmp_path / "cartpole.hdf5"
+    with h5py.File(src, "w") as handle:
+        for name, key in (("actions", "act"), ("rewards", "rew"), ("terminals", "term"),
+                          ("timeouts", "trunc")):  # fmt: skip
+            handle.create_dataset(name, data=np.concatenate([e[key] for e in episodes]))
+        handle.create_dataset(
+            "observations", data=np.concatenate([e["obs"][:-1] for e in episodes])
+        )
+        handle.create_dataset(
+            "next_observations", data=np.concatenate([e["obs"][1:] for e in episodes])
+        )
+    argv = ["import", "d4rl", str(src), str(tmp_path / "ds"), "--env", "CartPole-v1"]
+    assert main(argv) == 0
+    check(tmp_path / "ds", episodes, "CartPole-v1")
+
+
+def test_d4rl_timeouts_are_truncations(tmp_path: Path) -> None:
+    src = tmp_path / "d.hdf5"
+    with h5py.File(src, "w") as handle:
+        handle.create_dataset("observations", data=np.zeros((4, 2)))
+        handle.create_dataset("actions", data=np.zeros((4, 1)))
+        handle.create_dataset("rewards", data=np.ones(4))
+        handle.create_dataset("terminals", data=np.array([0, 1, 0, 0]))
+        handle.create_dataset("timeouts", data=np.array([0, 0, 0, 1]))
+    assert main(["import", "d4rl", str(src), str(tmp_path / "ds")]) == 0
+    table = ds.dataset(tmp_path / "ds/episodes", format="parquet", partitioning="hive").to_table()
+    rows = sorted(table.select(["episode_id", "length", "end_reason"]).to_pylist(),
+                  key=lambda row: row["episode_id"])  # fmt: skip
+    assert rows == [
+        {"episode_id": "0", "length": 2, "end_reason": "terminated"},
+        {"episode_id": "1", "length": 2, "end_reason": "truncated"},
+    ]
+
+
+def test_d4rl_missing_datasets_are_named(tmp_path: Path) -> None:
+    src = tmp_path / "d.hdf5"
+    with h5py.File(src, "w") as handle:
+        handle.create_dataset("observations", data=np.zeros((2, 2)))
+    from pipeline.importers.d4rl import read_d4rl
+
+    with pytest.raises(
+        DatasetError, match=re.escape("missing D4RL datasets ['actions', 'rewards', 'terminals']")
+    ):
+        read_d4rl(src)
