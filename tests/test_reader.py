@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -11,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import cartpole_rollout, cartpole_spaces
 
@@ -221,3 +224,43 @@ def test_device_yields_torch_batches_with_the_same_rows(make_dataset: Any, mode:
         assert np.array_equal(torch_batch.observations.numpy(), numpy_batch.observations)
         assert np.array_equal(torch_batch.actions.numpy(), numpy_batch.actions)
         assert list(torch_batch.episode_ids) == list(numpy_batch.episode_ids)
+
+
+def test_reads_a_dataset_that_rlpipe_did_not_write(tmp_path: Path) -> None:
+    """Files made by hand from the documented layout, as a writer in another language would."""
+    manifest = {
+        "format": "rlpipe", "format_version": 1, "created_at": "2026-11-22T00:00:00+00:00",
+        "env_id": None,
+        "observation_space": {"type": "Box", "shape": [2], "dtype": "float32",
+                              "low": ["-inf", "-inf"], "high": ["inf", "inf"]},
+        "action_space": {"type": "Discrete", "n": 3, "start": 0},
+    }  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    vector = pa.list_(pa.float32(), 2)
+    n = 5
+    table = pa.table(
+        {
+            "episode_id": pa.array(["e"] * n),
+            "agent_id": pa.array(["agent0"] * n),
+            "t": pa.array(range(n), pa.int64()),
+            "observation": pa.array([[float(i), 0.0] for i in range(n)], vector),
+            "action": pa.array([i % 3 for i in range(n)], pa.int64()),
+            "reward": pa.array([1.0] * n),
+            "next_observation": pa.array([[float(i + 1), 0.0] for i in range(n)], vector),
+            "terminated": pa.array([False] * (n - 1) + [True]),
+            "truncated": pa.array([False] * n),
+            "action_logp": pa.array([None] * n, pa.float64()),
+            "policy_version": pa.array([None] * n, pa.int64()),
+            "training_enabled": pa.array([True] * n),
+            "info": pa.array([None] * n, pa.string()),
+            "client_id": pa.array(["sim"] * n),
+            "logged_at": pa.array([0] * n, pa.timestamp("us", tz="UTC")),
+        }
+    )
+    (tmp_path / "steps" / "date=1970-01-01").mkdir(parents=True)
+    pq.write_table(table, tmp_path / "steps" / "date=1970-01-01" / "part-other-00000000.parquet")
+    (episode,) = list(InputReader(tmp_path, episodes=True))
+    assert episode.ts.tolist() == list(range(n))
+    assert episode.observations[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert episode.actions.tolist() == [0, 1, 2, 0, 1]
+    assert np.isnan(episode.action_logps).all() and (episode.policy_versions == -1).all()
