@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
@@ -77,6 +78,15 @@ def read_schema(schema: pa.Schema) -> pa.Schema:
     if layout.PARTITION_KEY not in schema.names:
         schema = schema.append(pa.field(layout.PARTITION_KEY, pa.string()))
     return schema
+
+
+def owned_rows(episode_ids: pa.Array, part: Part) -> pa.Array:
+    """A mask of the rows whose episode ``part`` owns, hashing each distinct id once."""
+    if not pa.types.is_dictionary(episode_ids.type):
+        episode_ids = episode_ids.dictionary_encode()
+    names = episode_ids.dictionary.to_pylist()
+    owned = np.array([part.owns(name) for name in names], dtype=bool)
+    return pa.array(owned[episode_ids.indices.to_numpy(zero_copy_only=False)])
 
 
 def owned_fragments(

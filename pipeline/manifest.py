@@ -69,7 +69,7 @@ class Manifest:
 
 
 def check_format_version(version: object, where: str) -> None:
-    if version == layout.FORMAT_VERSION:
+    if type(version) is int and version == layout.FORMAT_VERSION:  # not True, not 1.0
         return
     if isinstance(version, int) and version > layout.FORMAT_VERSION:
         raise FormatVersionError(

@@ -135,9 +135,11 @@ class InputReader:
         """One pass (an epoch); a new ``iter`` starts the next epoch with a fresh shuffle."""
         rng = np.random.default_rng([self.config.seed, self._epoch])
         self._epoch += 1
-        chunks = self._chunks(self._part(), rng)
+        part = self._part()
         if self.config.episodes:
-            return self._episodes(chunks)
+            # an episode's rows may sit in any row group, so readers split by episode id instead
+            return self._episodes(self._chunks(discovery.Part(), rng), part)
+        chunks = self._chunks(part, rng)
         if self.config.shuffle:
             return self._shuffled(chunks, rng)
         return self._sequential(chunks)
@@ -265,7 +267,8 @@ class InputReader:
         return batch.to_torch(self.config.device) if self.config.device is not None else batch
 
     def _sequential(self, chunks: Iterator[pa.RecordBatch | None]) -> Iterator[Batch]:
-        """Batches in commit order; a short batch only at the end, or when a follow catches up.
+        """Batches in shard order (each writer's in commit order); a short batch only at the end,
+        or when a follow catches up.
 
         Batches are views into each converted chunk; only a batch that straddles two chunks is
         copied together.
@@ -329,9 +332,13 @@ class InputReader:
                 return
             yield block[start : start + size]
 
-    def _episodes(self, chunks: Iterator[pa.RecordBatch | None]) -> Iterator[Batch]:
+    def _episodes(
+        self, chunks: Iterator[pa.RecordBatch | None], part: discovery.Part
+    ) -> Iterator[Batch]:
         assembler = EpisodeAssembler()
         for chunk in chunks:
+            if chunk is not None and part.count > 1:
+                chunk = chunk.filter(discovery.owned_rows(chunk.column("episode_id"), part))
             if chunk is not None and chunk.num_rows:
                 for episode in assembler.add(chunk):
                     yield self._device(self.to_batch(episode))

@@ -123,7 +123,11 @@ def _is_abandoned(directory: Path) -> bool:
 
 
 def _remove_dir(directory: Path) -> None:
-    for child in directory.iterdir():
+    try:
+        children = list(directory.iterdir())
+    except FileNotFoundError:
+        return  # another recovering process removed it first
+    for child in children:
         child.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # another recovering process got there first
         directory.rmdir()

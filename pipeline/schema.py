@@ -52,7 +52,10 @@ EPISODE_SCHEMA = pa.schema(
         pa.field("training_enabled", pa.bool_(), nullable=False),
         pa.field("logged_at", TIMESTAMP, nullable=False),
     ],
-    metadata={layout.META_TABLE: layout.EPISODES.encode()},
+    metadata={
+        layout.META_TABLE: layout.EPISODES.encode(),
+        layout.META_FORMAT_VERSION: str(layout.FORMAT_VERSION).encode(),
+    },
 )
 EPISODE_DEFAULTS: dict[str, Any] = {
     "agent_id": layout.DEFAULT_AGENT_ID,

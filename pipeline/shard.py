@@ -85,6 +85,7 @@ def write_shard(
     filesystem.move(tmp, final)
     if local:
         fsync_path(directory)
+        fsync_path(f"{root}/{table}")  # a partition directory made for this shard
     return final
 
 

@@ -36,6 +36,8 @@ class Segment:
         self._synced = 0  # messages known durable
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self.write_message(schema.serialize())
+        if fsync:  # the segment's directory entry must be durable before any append is acked
+            fsync_path(path.parent)
 
     def write(self, batch: pa.RecordBatch) -> int:
         """Write one batch as one message (it survives whole or not at all); returns its number."""

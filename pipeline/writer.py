@@ -30,7 +30,7 @@ from pipeline.errors import ConfigError, DatasetError
 from pipeline.manifest import Manifest, create_or_check, read_manifest
 from pipeline.recovery import recover
 from pipeline.shard import first_date, write_shard
-from pipeline.wal import Segment
+from pipeline.wal import Segment, fsync_path
 
 Columns: TypeAlias = Mapping[str, Any] | pa.RecordBatch | pa.Table
 
@@ -113,13 +113,15 @@ class DatasetWriter:
     ) -> None:
         self.root = str(Path(path).resolve())
         self.config = config or WriterConfig()
+        if observation_space is not None and action_space is not None:
+            schema.step_schema(observation_space, action_space)  # refuse bad spaces before any file
         self.manifest = self._open_manifest(observation_space, action_space, env_id)
-        self.writer_id = secrets.token_hex(6)
-        self.recovered = recover(self.root)
-        self._lock_fd, wal_dir = self._claim_wal_dir()
         step_schema = schema.step_schema(
             self.manifest.observation_space, self.manifest.action_space
         )
+        self.writer_id = secrets.token_hex(6)
+        self.recovered = recover(self.root)
+        self._lock_fd, wal_dir = self._claim_wal_dir()
         self._tables = {
             layout.STEPS: _Table(layout.STEPS, step_schema, wal_dir, 0),
             layout.EPISODES: _Table(layout.EPISODES, schema.EPISODE_SCHEMA, wal_dir, 0),
@@ -227,13 +229,20 @@ class DatasetWriter:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         final = base / self.writer_id
         staging.rename(final)
+        fsync_path(base)  # the rename must survive a power cut, not just a kill
         return fd, final
 
     def _release_wal_dir(self) -> None:
-        for leftover in self._wal_dir.glob("*.arrows"):
-            leftover.unlink()  # only empty segments remain after a clean flush
-        (self._wal_dir / layout.WAL_LOCK).unlink(missing_ok=True)
-        self._wal_dir.rmdir()
+        """Remove the log after a clean flush; after a failed commit, keep it for recovery.
+
+        Closing the lock's descriptor drops the ``flock`` either way, which is what tells the
+        next writer (or ``recover``) that these segments belong to nobody and must be committed.
+        """
+        if self._failure is None:
+            for leftover in self._wal_dir.glob("*.arrows"):
+                leftover.unlink()  # only empty segments remain after a clean flush
+            (self._wal_dir / layout.WAL_LOCK).unlink(missing_ok=True)
+            self._wal_dir.rmdir()
         os.close(self._lock_fd)
 
     def _to_batch(self, data: Columns, build: Any) -> pa.RecordBatch:

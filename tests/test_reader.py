@@ -145,6 +145,19 @@ def test_ranks_split_without_overlap(make_dataset: Any, shuffle: bool) -> None:
     assert len(together) == len(set(together)) == 2000
 
 
+def test_ranks_split_whole_episodes(make_dataset: Any) -> None:
+    """Row groups cut episodes apart; in episode mode each rank still gets whole episodes."""
+    path = make_dataset(
+        steps=2000, per_append=100, config=WriterConfig(max_rows=100, row_group_rows=50)
+    )
+    everything = {str(e.episode_ids[0]): len(e) for e in InputReader(path, episodes=True)}
+    shares = [list(InputReader(path, episodes=True, rank=rank, world_size=3)) for rank in range(3)]
+    assert all(shares)
+    together = {str(e.episode_ids[0]): len(e) for share in shares for e in share}
+    assert together == everything
+    assert sum(len(share) for share in shares) == len(everything)
+
+
 def test_dataloader_workers_split_without_overlap(make_dataset: Any) -> None:
     import torch.utils.data
 

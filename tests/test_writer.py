@@ -20,6 +20,7 @@ from pipeline import (
     DatasetWriter,
     InputReader,
     SchemaError,
+    SpaceError,
     WriterConfig,
     read_manifest,
 )
@@ -183,6 +184,26 @@ def test_shards_roll_by_bytes(tmp_path: Path) -> None:
         sizes = [pq.read_metadata(s).num_rows for s in sorted(tmp_path.glob("steps/*/*.parquet"))]
     assert sum(sizes) == 1000 and len(sizes) >= 4
     assert all(size <= 200 for size in sizes)
+
+
+def test_acknowledged_rows_survive_a_failed_commit(tmp_path: Path) -> None:
+    """If shards cannot be written, close() fails loudly and the log keeps the rows for later."""
+    rows = cartpole_rollout(100)
+    writer = DatasetWriter(tmp_path, *cartpole_spaces())
+    (tmp_path / "steps").write_text("a file where the steps directory should be")
+    writer.append(rows)
+    with pytest.raises(DatasetError, match="acknowledged rows are safe in the log"):
+        writer.close()
+    (tmp_path / "steps").unlink()
+    with DatasetWriter(tmp_path) as again:
+        assert [item.rows for item in again.recovered] == [100]
+    assert len(_read_all(tmp_path)) == 100
+
+
+def test_bad_spaces_leave_no_files(tmp_path: Path) -> None:
+    with pytest.raises(SpaceError):
+        DatasetWriter(tmp_path / "ds", gym.spaces.Box(0, 1, (0,)), gym.spaces.Discrete(2))
+    assert not (tmp_path / "ds").exists()
 
 
 def test_two_writers_share_a_directory(tmp_path: Path) -> None:
