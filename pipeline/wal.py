@@ -23,21 +23,19 @@ class Segment:
     release its own lock between them, which is what lets concurrent appends share one fsync.
     """
 
-    def __init__(self, path: Path, schema: pa.Schema, seq: int, fsync: bool = True) -> None:
+    def __init__(self, path: Path, schema: pa.Schema, seq: int) -> None:
         self.path = path
         self.seq = seq
         self.rows = 0
         self.bytes = 0
         self.batches: list[pa.RecordBatch] = []
-        self._fsync = fsync
         self._write_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._written = 0  # messages written
         self._synced = 0  # messages known durable
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self.write_message(schema.serialize())
-        if fsync:  # the segment's directory entry must be durable before any append is acked
-            fsync_path(path.parent)
+        fsync_path(path.parent)  # the segment's directory entry must be durable before any ack
 
     def write(self, batch: pa.RecordBatch) -> int:
         """Write one batch as one message (it survives whole or not at all); returns its number."""
@@ -56,9 +54,15 @@ class Segment:
                 return  # another thread's fsync covered these bytes
             with self._write_lock:
                 target = self._written
-            if self._fsync:
-                os.fsync(self._fd)
+                if self._fd < 0:
+                    return  # closed, and close() synced everything
+            os.fsync(self._fd)
             self._synced = target
+
+    @property
+    def written(self) -> int:
+        """Messages written so far; ``sync(segment.written)`` makes all of them durable."""
+        return self._written
 
     def close(self) -> None:
         """Make everything written durable and close; later ``sync`` calls return at once."""

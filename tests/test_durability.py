@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline import InputReader, recover
 from pipeline.discovery import list_shards
@@ -22,11 +23,13 @@ ROUNDS = 20
 SCRIPT = Path(__file__).with_name("writer_process.py")
 
 
-def _run_and_kill(path: Path, run: int, rng: np.random.Generator) -> dict[str, int]:
+def _run_and_kill(
+    path: Path, run: int, rng: np.random.Generator, sync: str = "always"
+) -> dict[str, int]:
     """Start a writer, kill -9 it at a random moment, return the batches it acknowledged."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
     with subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(path), str(run)],
+        [sys.executable, str(SCRIPT), str(path), str(run), "1000000", sync],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     ) as process:  # fmt: skip
         return _collect_then_kill(process, rng)
@@ -65,12 +68,14 @@ def _stored(path: Path) -> dict[str, np.ndarray]:
     return {str(n): ts[s : s + c] for n, s, c in zip(unique, starts, counts, strict=True)}
 
 
-def test_sigkill_loses_no_acknowledged_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sync", "rounds"), [("always", ROUNDS), ("background", 8)])
+def test_sigkill_loses_no_acknowledged_row(tmp_path: Path, sync: str, rounds: int) -> None:
+    """``background`` acknowledges before fsync: a process kill must still lose nothing."""
     path = tmp_path / "ds"
     rng = np.random.default_rng(7)
     acknowledged: dict[str, int] = {}
-    for run in range(ROUNDS):
-        acknowledged.update(_run_and_kill(path, run, rng))
+    for run in range(rounds):
+        acknowledged.update(_run_and_kill(path, run, rng, sync))
         recover(path)
         stored = _stored(path)
         missing = [name for name in acknowledged if name not in stored]
@@ -84,7 +89,7 @@ def test_sigkill_loses_no_acknowledged_row(tmp_path: Path) -> None:
         for shard in list_shards(filesystem, root):
             pq.read_metadata(shard)  # every visible file is whole
     assert not list((path / "_wal").glob("*/*.arrows")), "recovery left log segments behind"
-    assert len(acknowledged) > ROUNDS
+    assert len(acknowledged) > rounds
 
 
 def test_writer_processes_share_a_directory(tmp_path: Path) -> None:
@@ -93,9 +98,12 @@ def test_writer_processes_share_a_directory(tmp_path: Path) -> None:
     path = tmp_path / "ds"
     processes = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(path), str(run), "40"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            [sys.executable, str(SCRIPT), str(path), str(run), "40", "always"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for run in range(3)
     ]
     acknowledged: dict[str, int] = {}

@@ -240,7 +240,9 @@ def test_missing_manifest_says_what_to_do(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [("max_rows", 0, "an integer >= 1"), ("max_age_s", -1.0, "a number of seconds > 0"),
-     ("row_group_rows", 2.5, "an integer >= 1")],
+     ("row_group_rows", 2.5, "an integer >= 1"),
+     ("sync", "sometimes", "one of ('always', 'background')"),
+     ("sync_interval_s", 0, "a number of seconds > 0")],
 )  # fmt: skip
 def test_config_is_validated(field: str, value: Any, expected: str) -> None:
     with pytest.raises(

@@ -11,9 +11,9 @@ import numpy as np
 from pipeline import DatasetWriter, WriterConfig
 
 
-def main(path: str, run: int, batches: int = 1_000_000) -> None:
+def main(path: str, run: int, batches: int = 1_000_000, sync: str = "always") -> None:
     rng = np.random.default_rng(run)
-    config = WriterConfig(max_rows=5_000, max_age_s=0.05, max_pending_shards=2)
+    config = WriterConfig(max_rows=5_000, max_age_s=0.05, max_pending_shards=2, sync=sync)
     observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     with DatasetWriter(path, observation_space, gym.spaces.Discrete(2), config=config) as writer:
         for number in range(batches):
@@ -35,4 +35,4 @@ def main(path: str, run: int, batches: int = 1_000_000) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), *(int(arg) for arg in sys.argv[3:]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,344 @@
+"""Policy-server benchmark: remote and local inference with CartPole clients, and batch ingest.
+
+Every client is its own process (as simulators are), all starting together and running for the
+same number of seconds against one ``rlpipe serve`` (waitress) process. Baselines, measured in the
+same run: a bare Flask route answering empty JSON on the same WSGI server, hit by as many client
+processes (the ceiling for one round trip per step); and, for reference, RLlib's figures on this
+machine quoted by the issue (193 remote steps/s with 8 clients, 4.7 ms p50 get_action).
+Run: ``python bench/serve.py [--seconds S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROOT = Path(__file__).resolve().parents[1]
+RLLIB = {"remote_steps_per_s_8": 193.0, "remote_p50_ms_1": 4.7}
+BARS = {"remote_steps_per_s_8": 1000.0, "remote_p50_ms_1": 2.0,
+        "remote_vector_steps_per_s_8x16": 20000.0, "local_steps_per_s_8": 30000.0,
+        "ingest_steps_per_s": 1_000_000.0}  # fmt: skip
+
+
+# --- workers (one process each) ---------------------------------------------------------------
+
+
+def _wait(start_at: float) -> None:
+    time.sleep(max(0.0, start_at - time.time()))
+
+
+def worker_remote(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
+    import gymnasium as gym
+
+    from pipeline.client import PolicyClient
+
+    client = PolicyClient(url, inference_mode="remote")
+    env = gym.make("CartPole-v1")
+    latencies: list[float] = []
+    _wait(start_at)
+    deadline = time.perf_counter() + seconds
+    episode = 0
+    while time.perf_counter() < deadline:
+        episode_id = client.start_episode(seed=seed * 1000 + episode)
+        observation, _ = env.reset(seed=seed * 1000 + episode)
+        while True:
+            began = time.perf_counter()
+            action = client.get_action(episode_id, observation)
+            latencies.append(time.perf_counter() - began)
+            observation, reward, terminated, truncated, _ = env.step(action)
+            client.log_returns(episode_id, reward)
+            if terminated or truncated or time.perf_counter() >= deadline:
+                client.end_episode(episode_id, observation, truncated=not terminated)
+                break
+        episode += 1
+    elapsed = seconds + max(0.0, time.perf_counter() - deadline)
+    return {"steps": len(latencies), "seconds": elapsed, "latencies": latencies}
+
+
+def worker_vector(
+    url: str, seconds: float, start_at: float, seed: int, envs: int
+) -> dict[str, Any]:
+    import gymnasium as gym
+    import requests
+
+    session = requests.Session()
+    sims = [gym.make("CartPole-v1") for _ in range(envs)]
+    ids = [f"w{seed}-{i}-0" for i in range(envs)]
+    observations = [sim.reset(seed=seed * 100 + i)[0] for i, sim in enumerate(sims)]
+    entries: list[dict[str, Any]] = [
+        {"episode_id": ids[i], "observation": observations[i].tolist(), "start": {}}
+        for i in range(envs)
+    ]
+    steps, counts = 0, [0] * envs
+    _wait(start_at)
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        answer = session.post(url + "/v1/actions", json={"episodes": entries}, timeout=30)
+        answer.raise_for_status()
+        actions = {e["episode_id"]: e.get("action") for e in answer.json()["episodes"]}
+        next_entries = []
+        for i, sim in enumerate(sims):
+            observation, reward, terminated, truncated, _ = sim.step(actions[ids[i]])
+            steps += 1
+            entry = {"episode_id": ids[i], "observation": observation.tolist(), "reward": reward}
+            if terminated or truncated:
+                next_entries.append({**entry, "terminated": terminated, "truncated": truncated})
+                counts[i] += 1
+                ids[i] = f"w{seed}-{i}-{counts[i]}"
+                observation, _ = sim.reset()
+                entry = {"episode_id": ids[i], "observation": observation.tolist(), "start": {}}
+            next_entries.append(entry)
+        entries = next_entries
+    return {"steps": steps, "seconds": time.perf_counter() - began}
+
+
+def worker_local(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
+    import gymnasium as gym
+
+    from pipeline.client import PolicyClient
+
+    with tempfile.TemporaryDirectory() as spool:
+        client = PolicyClient(url, inference_mode="local", spool_dir=spool, seed=seed)
+        env = gym.make("CartPole-v1")
+        steps = 0
+        _wait(start_at)
+        began = time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            episode_id = client.start_episode(seed=seed * 1000 + steps)
+            observation, _ = env.reset(seed=seed * 1000 + steps)
+            while True:
+                action = client.get_action(episode_id, observation)
+                observation, reward, terminated, truncated, _ = env.step(action)
+                client.log_returns(episode_id, reward)
+                steps += 1
+                if terminated or truncated:
+                    client.end_episode(episode_id, observation, truncated=truncated)
+                    break
+        delivered = client.close(60)
+        return {"steps": steps, "seconds": time.perf_counter() - began, "ok": delivered}
+
+
+def worker_ingest(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
+    import pyarrow as pa
+    import requests
+    from common import cartpole_columns, cartpole_spaces
+
+    from pipeline.schema import step_schema, steps_from_columns
+
+    observation_space, action_space = cartpole_spaces()
+    columns = cartpole_columns(100_000, seed=seed)
+    batch = steps_from_columns(step_schema(observation_space, action_space), columns,
+                               observation_space, action_space)  # fmt: skip
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    body = sink.getvalue()
+    session = requests.Session()
+    steps, seq = 0, 0
+    _wait(start_at)
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        headers = {"Content-Type": "application/vnd.apache.arrow.stream",
+                   "X-Rlpipe-Client": f"ingest-{seed}", "X-Rlpipe-Upload": str(seq)}  # fmt: skip
+        session.post(url + "/v1/uploads", data=body, headers=headers, timeout=60).raise_for_status()
+        steps, seq = steps + batch.num_rows, seq + 1
+    return {"steps": steps, "seconds": time.perf_counter() - began}
+
+
+def worker_bare(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
+    import requests
+
+    session = requests.Session()
+    latencies = []
+    _wait(start_at)
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        sent = time.perf_counter()
+        session.post(url + "/step", json={"observation": [0.0, 0.0, 0.0, 0.0]}, timeout=10)
+        latencies.append(time.perf_counter() - sent)
+    return {"steps": len(latencies), "seconds": time.perf_counter() - began,
+            "latencies": latencies}  # fmt: skip
+
+
+def bare_server(port: int) -> None:
+    from flask import Flask, jsonify
+    from waitress import serve
+
+    app = Flask("bare")
+    app.add_url_rule("/step", "step", lambda: jsonify({}), methods=["POST"])
+    serve(app, host="127.0.0.1", port=port, threads=8, _quiet=True)
+
+
+WORKERS = {"remote": worker_remote, "vector": worker_vector, "local": worker_local,
+           "ingest": worker_ingest, "bare": worker_bare}  # fmt: skip
+
+
+# --- orchestration ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_up(url: str, process: subprocess.Popen[bytes]) -> None:
+    import requests
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            requests.get(url, timeout=1)
+            return
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server at {url} did not start")
+
+
+def _phase(kind: str, url: str, clients: int, seconds: float, **extra: Any) -> dict[str, Any]:
+    """Run ``clients`` worker processes together; total steps/s and pooled latencies."""
+    start_at = time.time() + 1.5 + 0.5 * clients
+    args = [f"--{k}={v}" for k, v in extra.items()]
+    processes = [
+        subprocess.Popen([sys.executable, __file__, "--worker", kind, "--url", url,
+                          "--seconds", str(seconds), "--start-at", str(start_at),
+                          "--seed", str(i), *args], stdout=subprocess.PIPE, cwd=ROOT)
+        for i in range(clients)
+    ]  # fmt: skip
+    results = [json.loads(p.communicate()[0].decode().strip().splitlines()[-1]) for p in processes]
+    steps = sum(r["steps"] for r in results)
+    elapsed = max(r["seconds"] for r in results)
+    latencies = np.array([x for r in results for x in r.get("latencies", [])]) * 1e3
+    out = {"steps_per_s": steps / elapsed}
+    if len(latencies):
+        out["p50_ms"], out["p99_ms"] = np.percentile(latencies, [50, 99]).tolist()
+    return out
+
+
+def _checkpoint(data: Path) -> None:
+    from common import cartpole_spaces
+
+    from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
+
+    observation_space, action_space = cartpole_spaces()
+    rng = np.random.default_rng(0)
+    sizes = [4, 64, 64, 2]
+    weights = {}
+    for i in range(3):
+        weights[f"pi.{i}.weight"] = (rng.standard_normal((sizes[i + 1], sizes[i])) * 0.3).astype(
+            np.float32
+        )
+        weights[f"pi.{i}.bias"] = np.zeros(sizes[i + 1], np.float32)
+    spec = ModelSpec(observation_space, action_space, hidden=(64, 64))
+    save_checkpoint(data / "checkpoints", Checkpoint(1, spec, weights))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--envs", type=int, default=16, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare_server:
+        bare_server(args.bare_server)
+        return
+    if args.worker:
+        extra = {"envs": args.envs} if args.worker == "vector" else {}
+        work = WORKERS[args.worker]
+        print(json.dumps(work(args.url, args.seconds, args.start_at, args.seed, **extra)))
+        return
+    run(args.seconds)
+
+
+def run(seconds: float) -> None:
+    from common import report
+
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data, port = Path(tmp) / "ds", _free_port()
+        _checkpoint(data)
+        url = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data), "--env",
+             "CartPole-v1", "--port", str(port)], cwd=ROOT, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        bare_port = _free_port()
+        bare = subprocess.Popen([sys.executable, __file__, "--bare-server", str(bare_port)],
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            _wait_up(url + "/v1/health", server)
+            _wait_up(f"http://127.0.0.1:{bare_port}/", bare)
+            bare_url = f"http://127.0.0.1:{bare_port}"
+            bare_p50 = _phase("bare", bare_url, 1, seconds)["p50_ms"]
+            baseline = _phase("bare", bare_url, 8, seconds)["steps_per_s"]
+            print(f"baseline: bare Flask route on waitress: {baseline:,.0f} requests/s with 8 "
+                  f"clients, p50 {bare_p50:.2f} ms with 1")  # fmt: skip
+            figures.update(_remote(url, seconds, baseline, bare_p50))
+            vector = _phase("vector", url, 8, seconds, envs=16)["steps_per_s"]
+            print(f"remote 8x16 (batch form): {vector:,.0f} steps/s "
+                  f"({vector / baseline:.1f}x bare round trips)")  # fmt: skip
+            figures["remote_vector_steps_per_s_8x16"] = vector
+            for clients in (1, 4, 8):
+                local = _phase("local", url, clients, seconds)["steps_per_s"]
+                print(f"local x{clients}: {local:,.0f} steps/s durably logged "
+                      f"({local / baseline:.1f}x bare round trips)")  # fmt: skip
+            figures["local_steps_per_s_8"] = local
+            ingest = _phase("ingest", url, 1, seconds)["steps_per_s"]
+            print(
+                f"batch ingest: {ingest:,.0f} steps/s ({ingest / baseline:.0f}x bare round trips)"
+            )
+            figures["ingest_steps_per_s"] = ingest
+        finally:
+            for process in (server, bare):
+                process.terminate()
+                process.wait(30)
+    for key, value in figures.items():
+        bar = BARS[key]
+        ratio = bar / value if key.endswith("_ms_1") else value / bar
+        rllib = RLLIB.get(key)
+        versus = (
+            ""
+            if rllib is None
+            else (f", {rllib / value if key.endswith('_ms_1') else value / rllib:.1f}x RLlib")
+        )
+        print(f"{key}: {value:,.2f} ({ratio:.2f}x the issue's bar{versus})")  # fmt: skip
+    report(figures)
+
+
+def _remote(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[str, float]:
+    figures = {}
+    for clients in (1, 4, 8):
+        result = _phase("remote", url, clients, seconds)
+        print(f"remote x{clients}: {result['steps_per_s']:,.0f} steps/s "
+              f"({result['steps_per_s'] / baseline:.2f}x bare round trips), get_action p50 "
+              f"{result['p50_ms']:.2f} ms p99 {result['p99_ms']:.2f} ms")  # fmt: skip
+        if clients == 1:
+            figures["remote_p50_ms_1"] = result["p50_ms"]
+            print(f"  p50 is {result['p50_ms'] / bare_p50:.2f}x a bare round trip's")
+    figures["remote_steps_per_s_8"] = result["steps_per_s"]
+    return figures
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()

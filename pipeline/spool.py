@@ -1,0 +1,175 @@
+"""Local-inference uploads: steps buffered in memory, sent in numbered batches, spooled to disk
+while the server cannot take them.
+
+A batch is one Arrow IPC stream (the exact body of ``POST /v1/uploads``), numbered when it is made.
+If the server is unreachable or answers 503, the batch is written to the spool directory (dot-tmp,
+fsync, rename, so a crash never leaves half a file) and retried later, oldest first, under its own
+client id and number; the server stores each (client, number) once, so a batch that was stored but
+whose answer was lost is not stored twice. A simulator never waits for the server.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+_log = logging.getLogger("rlpipe.client")
+_NAME_RE = re.compile(r"^(?P<client>[A-Za-z0-9_-]+)-(?P<seq>\d{10})-(?P<table>[a-z]+)\.arrows$")
+
+# send(client_id, seq, table, body) -> None when stored, else seconds to wait before retrying;
+# it raises for a batch the server refuses (a bug to surface, not to retry).
+Send = Callable[[str, int, str, bytes], float | None]
+Build = Callable[[str, Sequence[Mapping[str, Any]]], pa.RecordBatch]
+
+
+def to_ipc(batch: pa.RecordBatch) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+class Spool:
+    """A directory of batches waiting for the server, named ``{client}-{seq}-{table}.arrows``."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def put(self, client_id: str, seq: int, table: str, body: bytes) -> Path:
+        path = self.directory / f"{client_id}-{seq:010d}-{table}.arrows"
+        tmp = self.directory / f".{path.name}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def pending(self) -> list[tuple[Path, str, int, str]]:
+        """Spooled batches, oldest number first: (path, client id, seq, table)."""
+        found = []
+        for path in self.directory.iterdir():
+            match = _NAME_RE.match(path.name)
+            if match:
+                found.append((path, match["client"], int(match["seq"]), match["table"]))
+        return sorted(found, key=lambda item: (item[2], item[1]))
+
+
+class Uploader:
+    """Buffers rows per table and delivers them from a background thread.
+
+    Args:
+        client_id: names this client's uploads; with ``seq`` it makes retries idempotent.
+        build: turns buffered rows of a table into a validated Arrow batch.
+        send: delivers one batch (see ``Send``).
+        spool: where undeliverable batches wait.
+        max_rows: buffered steps that trigger an upload before the interval is up.
+        interval_s: the longest rows wait in memory.
+        on_tick: called from the background thread each cycle (weights refresh).
+    """
+
+    def __init__(self, client_id: str, build: Build, send: Send, spool: Spool, max_rows: int,
+                 interval_s: float, on_tick: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.client_id = client_id
+        self._build, self._send, self._spool = build, send, spool
+        self._max_rows, self._interval = max_rows, interval_s
+        self._on_tick = on_tick
+        self._rows: dict[str, list[Mapping[str, Any]]] = {"steps": [], "episodes": []}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._idle = threading.Condition(self._lock)
+        self._busy = False
+        self._seq = 0
+        self._not_before = 0.0
+        self.failure: BaseException | None = None
+        self.uploaded = 0
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="rlpipe-upload")
+        self._thread.start()
+
+    def add(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        with self._lock:
+            self._rows[table].extend(rows)
+            if len(self._rows["steps"]) >= self._max_rows:
+                self._wake.set()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Try to deliver everything now; True when nothing is left in memory or on disk."""
+        deadline = time.monotonic() + timeout_s
+        self._not_before = 0.0
+        while time.monotonic() < deadline:
+            self._wake.set()
+            with self._lock:
+                self._idle.wait_for(lambda: not self._busy, timeout=0.05)
+                empty = not any(self._rows.values()) and not self._busy
+            if empty and not self._spool.pending():
+                return True
+            time.sleep(0.02)
+        return False
+
+    def close(self, timeout_s: float) -> bool:
+        delivered = self.flush(timeout_s)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        self._spill()  # whatever is still in memory goes to disk, to be sent by a later client
+        return delivered
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            with self._lock:
+                self._busy = True
+            try:
+                if self._on_tick is not None:
+                    self._on_tick()
+                self._cycle()
+            except BaseException as error:  # surfaced to the simulator on its next call
+                self.failure = error
+                _log.error("upload failed: %s", error)
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._idle.notify_all()
+
+    def _cycle(self) -> None:
+        self._spill()
+        if time.monotonic() < self._not_before:
+            return
+        for path, client_id, seq, table in self._spool.pending():
+            try:
+                body = path.read_bytes()
+            except FileNotFoundError:  # another client sharing the spool delivered it
+                continue
+            wait = self._send(client_id, seq, table, body)
+            if wait is not None:
+                self._not_before = time.monotonic() + wait
+                return
+            path.unlink(missing_ok=True)
+            self.uploaded += 1
+
+    def _spill(self) -> None:
+        """Turn buffered rows into numbered batches on disk; sending reads them back from there.
+
+        Writing first and sending second costs one small file per batch, and buys the rule that
+        a batch has one number for life, whichever client instance finally delivers it.
+        """
+        with self._lock:
+            taken = {name: rows for name, rows in self._rows.items() if rows}
+            self._rows = {"steps": [], "episodes": []}
+        for table in ("steps", "episodes"):
+            if table in taken:
+                body = to_ipc(self._build(table, taken[table]))
+                self._spool.put(self.client_id, self._seq, table, body)
+                self._seq += 1

@@ -1,0 +1,110 @@
+"""``rlpipe serve``: the policy server on waitress, a production WSGI server.
+
+Waitress because the server must be one process: open episodes and the dataset writer's log live
+in its memory, so pre-forking servers (gunicorn) would split episodes across workers. Waitress is
+pure Python, threaded, well kept (Pylons), and needs no C toolchain. Flask and waitress are
+imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from server.config import ServerConfig
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the policy server: simulators connect, steps land in DIR"
+    )
+    parser.add_argument("--data", required=True, type=Path, help="the dataset directory")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--env", help="a gymnasium id whose spaces the dataset takes")
+    source.add_argument("--spaces", type=Path, help="a JSON file with observation_space and "
+                        "action_space (an external simulator's spaces)")  # fmt: skip
+    parser.add_argument("--policy", type=Path, help="a checkpoint, or a directory of them "
+                        "(default: DIR/checkpoints)")  # fmt: skip
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9900)
+    parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on requests")
+    parser.add_argument("--threads", type=int, default=8, help="request threads")
+    parser.add_argument("--max-body-bytes", type=int, default=64 * 2**20,
+                        help="larger request bodies get 413")  # fmt: skip
+    parser.add_argument("--idle-timeout", type=float, default=300.0,
+                        help="seconds before an idle episode is closed as truncated")  # fmt: skip
+    parser.set_defaults(command_module=__name__)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from waitress.server import create_server
+    except ModuleNotFoundError:
+        raise ConfigError(
+            "serve",
+            "waitress",
+            "the waitress WSGI server to be installed (pip install 'waitress>=3.0')",
+            "no module 'waitress'",
+        ) from None
+
+    from server.app import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app = create_app(_config(args))
+    service = app.extensions["rlpipe"]
+    server = create_server(app, host=args.host, port=args.port, threads=args.threads,
+                           max_request_body_size=_transport_limit(service.config.max_body_bytes),
+                           ident="rlpipe")  # fmt: skip
+    signal.signal(signal.SIGTERM, lambda *_: server.close())
+    print(f"rlpipe serve: http://{args.host}:{server.effective_port}/v1 -> {args.data}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        server.run()
+    except (KeyboardInterrupt, OSError, ValueError):
+        pass  # SIGINT, or the socket map closed by SIGTERM
+    finally:
+        service.close()
+    return 0
+
+
+def _config(args: argparse.Namespace) -> ServerConfig:
+    from server.config import ServerConfig
+
+    observation_space = action_space = None
+    env_id = args.env
+    if args.env is not None:
+        import gymnasium as gym
+
+        env = gym.make(args.env)
+        observation_space, action_space = env.observation_space, env.action_space
+        env.close()
+    elif args.spaces is not None:
+        from pipeline import spaces
+
+        try:
+            doc = json.loads(args.spaces.read_text())
+            observation_space = spaces.space_from_json(doc["observation_space"])
+            action_space = spaces.space_from_json(doc["action_space"])
+        except (OSError, ValueError, KeyError) as error:
+            raise ConfigError("serve", "--spaces", "a JSON file with observation_space and "
+                              "action_space", f"{args.spaces} ({error!r})") from None  # fmt: skip
+        env_id = doc.get("env_id")
+    return ServerConfig(
+        data=args.data, observation_space=observation_space, action_space=action_space,
+        env_id=env_id, policy=args.policy, token=args.token,
+        idle_timeout_s=args.idle_timeout, max_body_bytes=args.max_body_bytes,
+    )  # fmt: skip
+
+
+def _transport_limit(max_body_bytes: int) -> int:
+    """Waitress refuses bodies past this in plain text; above the app's own limit, so the usual
+    oversized body still gets the app's JSON 413, and only an absurd one is cut off early."""
+    return 2 * max_body_bytes + 2**20

@@ -1,0 +1,73 @@
+"""The server's one config: where the data goes, which policy acts, and the limits it enforces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from pipeline.errors import ConfigError
+from pipeline.writer import WriterConfig
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``create_app`` needs, checked once at construction.
+
+    Attributes:
+        data: the dataset directory every step goes to (created when new).
+        observation_space: the per-agent observation space; None to read it from ``data``.
+        action_space: as ``observation_space``.
+        env_id: the gymnasium id, recorded in a new dataset's manifest.
+        policy: a checkpoint file, checkpoints directory or run directory; None means the
+            dataset's own ``checkpoints/``.
+        token: when set, every request but health must carry ``Authorization: Bearer TOKEN``.
+        max_body_bytes: larger request bodies get 413.
+        idle_timeout_s: episodes without a request for this long are closed as truncated.
+        policy_poll_s: how often the server looks for a newer checkpoint.
+        max_backlog: rolled shards waiting to be written before the server answers 503.
+        retry_after_s: what a 503 asks clients to wait.
+        seed: seeds the server's action sampling, so runs can be repeated.
+        writer: the dataset writer's shard rolling.
+    """
+
+    data: Path
+    observation_space: gym.Space[Any] | None = None
+    action_space: gym.Space[Any] | None = None
+    env_id: str | None = None
+    policy: Path | None = None
+    token: str | None = None
+    max_body_bytes: int = 64 * 2**20
+    idle_timeout_s: float = 300.0
+    policy_poll_s: float = 1.0
+    max_backlog: int = 3
+    retry_after_s: int = 1
+    seed: int = 0
+    writer: WriterConfig = field(default_factory=WriterConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", Path(self.data))
+        if self.policy is not None:
+            object.__setattr__(self, "policy", Path(self.policy))
+        if (self.observation_space is None) != (self.action_space is None):
+            raise ConfigError(
+                "ServerConfig", "action_space", "both spaces or neither",
+                f"observation_space={self.observation_space}, action_space={self.action_space}",
+            )  # fmt: skip
+        if self.token is not None and (not isinstance(self.token, str) or not self.token):
+            raise ConfigError("ServerConfig", "token", "a non-empty string or None", self.token)
+        for name in ("max_body_bytes", "max_backlog", "retry_after_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError("ServerConfig", name, "an integer >= 1", value)
+        for name in ("idle_timeout_s", "policy_poll_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not value > 0:
+                raise ConfigError("ServerConfig", name, "a number of seconds > 0", value)
+
+    @property
+    def policy_source(self) -> Path:
+        """Where checkpoints are looked for."""
+        return self.policy if self.policy is not None else self.data

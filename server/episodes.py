@@ -1,0 +1,79 @@
+"""The server's open episodes, and the ids of recently ended ones (so late requests get 409)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from pipeline.recorder import Episode
+from server.errors import ApiError
+
+
+class EpisodeBook:
+    """The open episodes, and the ids of recently ended ones (so a late request gets 409, not 404).
+
+    Args:
+        remember_ended: how many ended ids to keep for telling "ended" from "unknown".
+    """
+
+    def __init__(self, remember_ended: int = 100_000) -> None:
+        self._open: dict[str, Episode] = {}
+        self._ended: OrderedDict[str, tuple[int, Any] | None] = OrderedDict()  # last answer
+        self._remember = remember_ended
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def start(self, episode: Episode) -> tuple[Episode, bool]:
+        """Open ``episode``; a retried start of an open episode returns it (created=False)."""
+        with self._lock:
+            if episode.episode_id in self._ended:
+                raise ApiError(409, ended_message(episode.episode_id))
+            existing = self._open.get(episode.episode_id)
+            if existing is not None:
+                if existing.client_id != episode.client_id:
+                    raise ApiError(409, f"episode '{episode.episode_id}' is already open for "
+                                        "another client; choose another episode_id")  # fmt: skip
+                return existing, False
+            self._open[episode.episode_id] = episode
+            return episode, True
+
+    def get(self, episode_id: str) -> Episode:
+        with self._lock:
+            episode = self._open.get(episode_id)
+            if episode is not None:
+                return episode
+            if episode_id in self._ended:
+                raise ApiError(409, ended_message(episode_id))
+        raise ApiError(404, f"episode '{episode_id}' is not open on this server; call "
+                            "start_episode() first")  # fmt: skip
+
+    def finish(self, episode: Episode) -> None:
+        with self._lock:
+            episode.ended = True
+            self._open.pop(episode.episode_id, None)
+            self._ended[episode.episode_id] = episode.last_request
+            while len(self._ended) > self._remember:
+                self._ended.popitem(last=False)
+
+    def replay(self, episode_id: str, request: int | None) -> Any:
+        """The answer an ended episode gave to ``request``, if that was its last (a retried end)."""
+        with self._lock:
+            last = self._ended.get(episode_id)
+        return last[1] if request is not None and last is not None and last[0] == request else None
+
+    def idle(self, older_than_s: float) -> list[Episode]:
+        cutoff = time.monotonic() - older_than_s
+        with self._lock:
+            return [e for e in self._open.values() if e.last_seen < cutoff]
+
+    def all_open(self) -> list[Episode]:
+        with self._lock:
+            return list(self._open.values())
+
+
+def ended_message(episode_id: str) -> str:
+    return f"episode '{episode_id}' has ended; call start_episode() for a new one"

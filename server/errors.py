@@ -1,0 +1,64 @@
+"""HTTP errors: one exception with a status, turned into JSON by one errorhandler.
+
+Flask's "Returning API Errors as JSON" pattern. Every error a client can cause leaves the server as
+``{"error": {"status": 400, "message": "..."}}``; nothing else (no HTML page, no traceback) does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask, Response, jsonify
+from werkzeug.exceptions import HTTPException
+
+from pipeline.errors import RlpipeError, SchemaError
+
+_log = logging.getLogger("rlpipe.server")
+
+
+class ApiError(RlpipeError):
+    """A request the server refuses, with the status that fits and a message that says why."""
+
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+
+
+def bad_request(field: str, expected: str, got: Any) -> ApiError:
+    return ApiError(400, f"field '{field}': expected {expected}, got {got}")
+
+
+def error_response(status: int, message: str, retry_after: int | None = None) -> Response:
+    response = jsonify({"error": {"status": status, "message": message}})
+    response.status_code = status
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
+
+
+def register(app: Flask) -> None:
+    """Install the one handler every error goes through."""
+
+    @app.errorhandler(Exception)
+    def _handle(error: Exception) -> Response:
+        if isinstance(error, ApiError):
+            return error_response(error.status, error.message, error.retry_after)
+        if isinstance(error, SchemaError):
+            return error_response(400, str(error).strip())
+        if isinstance(error, HTTPException):
+            return error_response(error.code or 500, _http_message(error))
+        _log.exception("internal error")
+        return error_response(500, "internal server error; the server log has the details")
+
+
+def _http_message(error: HTTPException) -> str:
+    if error.code == 413:
+        return "request body too large"
+    if error.code == 404:
+        return "no such resource; see GET /v1/openapi.json for what this server offers"
+    if error.code == 405:
+        return "method not allowed on this resource; see GET /v1/openapi.json"
+    return str(error.description or error.name)

@@ -1,0 +1,118 @@
+"""Remote inference: the newest published checkpoint, run on many requests' observations at once.
+
+Requests that arrive while a forward pass runs queue up; the next thread to take the pass runs all
+of them together (:mod:`server.combiner`), so under load one matrix product serves many clients,
+and a lone client never waits for company. Until a trainer publishes a checkpoint the server
+samples actions uniformly, and says so in health.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+
+from pipeline import spaces
+from pipeline.errors import DatasetError
+from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint
+from server.combiner import Combiner
+
+_log = logging.getLogger("rlpipe.server")
+
+
+@dataclass
+class Actions:
+    """Actions for one request's observations, as JSON-ready values."""
+
+    actions: list[Any]
+    action_logp: list[float | None]
+    policy_version: int | None
+
+
+class PolicyRunner:
+    """Holds the current policy, reloads newer checkpoints, and batches forward passes.
+
+    Args:
+        source: checkpoint file, checkpoints directory, or dataset/run directory.
+        observation_space: what the observations are validated against.
+        action_space: what random actions are drawn from.
+        poll_s: how often to look for a newer checkpoint.
+        seed: seeds action sampling.
+    """
+
+    def __init__(
+        self,
+        source: Path,
+        observation_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        poll_s: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.source = source
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.policy: NumpyPolicy | None = None
+        self.checkpoint_path: Path | None = None
+        self._skipped: Path | None = None
+        self._poll_s = poll_s
+        self._checked = 0.0
+        self._rng = np.random.default_rng(seed)
+        self._combiner: Combiner[pa.Array, Actions] = Combiner(self._run)
+        self.refresh(force=True)
+
+    def refresh(self, force: bool = False) -> None:
+        """Load the newest checkpoint if one newer than the current has appeared."""
+        now = time.monotonic()
+        if not force and now - self._checked < self._poll_s:
+            return
+        self._checked = now
+        path = latest_checkpoint(self.source)
+        if path is None or path in (self.checkpoint_path, self._skipped):
+            return
+        try:
+            policy = NumpyPolicy(load_checkpoint(path))
+        except DatasetError as error:  # a bad file must not take the server down
+            _log.warning("ignoring checkpoint %s: %s", path, error)
+            self._skipped = path
+            return
+        self.policy, self.checkpoint_path = policy, path
+        _log.info("serving policy version %d from %s", policy.version, path)
+
+    @property
+    def version(self) -> int | None:
+        return self.policy.version if self.policy is not None else None
+
+    @property
+    def forward_passes(self) -> int:
+        return self._combiner.passes
+
+    def act(self, observations: pa.Array) -> Actions:
+        """Actions for validated observations (an Arrow column), batched with concurrent calls."""
+        return self._combiner.submit(observations)
+
+    def _run(self, batch: list[pa.Array]) -> list[Actions]:
+        self.refresh()
+        actions, logp, version = self._forward(pa.concat_arrays(batch))
+        values = spaces.to_arrow(self.action_space, actions, field="action").to_pylist()
+        results, start = [], 0
+        for observations in batch:
+            end = start + len(observations)
+            results.append(Actions(values[start:end], logp[start:end], version))
+            start = end
+        return results
+
+    def _forward(self, observations: pa.Array) -> tuple[Any, list[float | None], int | None]:
+        n = len(observations)
+        policy = self.policy
+        if policy is None:
+            seed = int(self._rng.integers(2**63))
+            return spaces.sample_batch(self.action_space, n, seed), [None] * n, None
+        batch = spaces.from_arrow(self.observation_space, observations, field="observation")
+        actions, logp = policy.act(batch, self._rng)
+        return actions, [float(x) for x in logp], policy.version

@@ -1,0 +1,178 @@
+"""Reading request bodies: JSON in, checked values out, or a 400 that names the field.
+
+A single-agent request carries ``observation``, ``reward``, ``info`` (and ``action`` when logging
+one); a multi-agent request carries ``observations``, ``rewards``, ``infos``, ``actions`` and
+``dones``, each an object keyed by agent id. Both become one :class:`StepInput` keyed by agent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import pyarrow as pa
+
+from pipeline import layout, spaces
+from pipeline.errors import SchemaError
+from server.errors import ApiError, bad_request
+
+JSON_TYPE = "application/json"
+ARROW_TYPE = "application/vnd.apache.arrow.stream"
+
+
+@dataclass
+class StepInput:
+    """One episode's part of a request, keyed by agent id (``agent0`` for single-agent)."""
+
+    multiagent: bool
+    observations: dict[str, Any] = field(default_factory=dict)
+    observation_column: pa.Array | None = None  # validated, in the order of ``observations``
+    rewards: dict[str, float] = field(default_factory=dict)
+    infos: dict[str, Any] = field(default_factory=dict)
+    dones: dict[str, bool] = field(default_factory=dict)
+    actions: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_json(body: bytes, content_type: str | None) -> dict[str, Any]:
+    """The body as a JSON object; NaN and Infinity are refused here, wherever they hide."""
+    if (content_type or "").split(";")[0].strip() != JSON_TYPE:
+        raise ApiError(415, f"Content-Type: expected {JSON_TYPE}, got {content_type or 'none'}")
+    try:
+        doc = json.loads(body or b"{}", parse_constant=_refuse_constant)
+    except ApiError:
+        raise
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ApiError(400, f"body: expected a JSON object, got malformed JSON ({error})") from None
+    if not isinstance(doc, dict):
+        raise bad_request("body", "a JSON object", type(doc).__name__)
+    return doc
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ApiError(400, f"body: expected finite numbers, got {name}")
+
+
+def parse_step(
+    doc: dict[str, Any],
+    observation_space: gym.Space[Any],
+    action_space: gym.Space[Any] | None = None,
+    prefix: str = "",
+) -> StepInput:
+    """Check one episode's observations, rewards, infos (and actions) against the spaces."""
+    if "observations" in doc:
+        step = _multi(doc, prefix)
+    elif "observation" in doc:
+        step = StepInput(
+            multiagent=False,
+            observations={layout.DEFAULT_AGENT_ID: doc["observation"]},
+            rewards={layout.DEFAULT_AGENT_ID: _reward(doc.get("reward", 0.0), prefix + "reward")},
+            infos={layout.DEFAULT_AGENT_ID: doc["info"]} if doc.get("info") is not None else {},
+        )
+        if action_space is not None:
+            step.actions = {layout.DEFAULT_AGENT_ID: _required(doc, "action", prefix)}
+    else:
+        raise bad_request(prefix + "observation", "an observation (or 'observations' keyed by "
+                          "agent id)", "nothing")  # fmt: skip
+    if action_space is not None and step.multiagent:
+        step.actions = _keyed(_required(doc, "actions", prefix), prefix + "actions")
+    field_name = "observations" if step.multiagent else "observation"
+    step.observation_column = validate(
+        observation_space, step.observations, prefix + field_name, step.multiagent
+    )
+    if action_space is not None:
+        missing = sorted(set(step.observations) - set(step.actions))
+        if missing:
+            raise bad_request(prefix + "actions", "an action for every observed agent",
+                              f"none for {missing}")  # fmt: skip
+        validate(action_space, step.actions, prefix + ("actions" if step.multiagent else "action"),
+                 step.multiagent)  # fmt: skip
+    return step
+
+
+def validate(space: gym.Space[Any], values: dict[str, Any], name: str, keyed: bool) -> pa.Array:
+    """One Arrow column of the values, or a 400 listing every problem (field named per agent)."""
+    problems = []
+    columns = []
+    for agent_id, value in values.items():
+        where = f"{name}.{agent_id}" if keyed else name
+        try:
+            columns.append(spaces.to_arrow_rows(space, [value], field=where))
+        except SchemaError as error:
+            problems += error.problems
+    if problems:
+        raise ApiError(400, "; ".join(
+            f"field '{p.field}': expected {p.expected}, got {p.got}" for p in problems
+        ))  # fmt: skip
+    if not columns:
+        return pa.array([], spaces.space_to_arrow(space))
+    return columns[0] if len(columns) == 1 else pa.concat_arrays(columns)
+
+
+def parse_returns(doc: dict[str, Any]) -> StepInput:
+    """A log_returns body: ``reward`` and ``info``, or ``rewards``, ``infos`` and ``dones``."""
+    if "rewards" in doc:
+        return _multi({"observations": {}, **doc}, "")
+    return StepInput(
+        multiagent=False,
+        rewards={layout.DEFAULT_AGENT_ID: _reward(doc.get("reward", 0.0), "reward")},
+        infos={layout.DEFAULT_AGENT_ID: doc["info"]} if doc.get("info") is not None else {},
+    )
+
+
+def _multi(doc: dict[str, Any], prefix: str) -> StepInput:
+    observations = _keyed(doc["observations"], prefix + "observations")
+    rewards = _keyed(doc.get("rewards") or {}, prefix + "rewards")
+    dones = _keyed(doc.get("dones") or {}, prefix + "dones")
+    for agent_id, flag in dones.items():
+        if not isinstance(flag, bool):
+            raise bad_request(f"{prefix}dones.{agent_id}", "true or false", repr(flag))
+    return StepInput(
+        multiagent=True,
+        observations=observations,
+        rewards={k: _reward(v, f"{prefix}rewards.{k}") for k, v in rewards.items()},
+        infos=_keyed(doc.get("infos") or {}, prefix + "infos"),
+        dones={k: v for k, v in dones.items() if k != "__all__"},
+    )
+
+
+def _keyed(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise bad_request(name, "an object keyed by agent id", type(value).__name__)
+    return value
+
+
+def _required(doc: dict[str, Any], key: str, prefix: str) -> Any:
+    if key not in doc:
+        raise bad_request(prefix + key, "a value", "nothing")
+    return doc[key]
+
+
+def _reward(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(name, "a finite number", repr(value))
+    return float(value)
+
+
+def optional_int(doc: dict[str, Any], key: str) -> int | None:
+    value = doc.get(key)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63
+    ):
+        raise bad_request(key, "a 64-bit integer or null", repr(value))
+    return value
+
+
+def optional_bool(doc: dict[str, Any], key: str, default: bool) -> bool:
+    value = doc.get(key, default)
+    if not isinstance(value, bool):
+        raise bad_request(key, "true or false", repr(value))
+    return value
+
+
+def episode_id_of(value: Any, name: str = "episode_id") -> str:
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise bad_request(name, "a non-empty string of at most 200 characters", repr(value))
+    return value

@@ -1,0 +1,155 @@
+"""The OpenAPI 3.1 document of ``/v1``, written by hand beside the routes it describes.
+
+A test walks every route of the app and checks it appears here, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_JSON = "application/json"
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_STEP = {
+    "type": "object",
+    "description": "Single-agent: observation, reward, info. Multi-agent: observations, rewards, "
+    "infos, dones, each keyed by agent id. `reward` is what was earned since the last request.",
+    "properties": {
+        "observation": {},
+        "reward": {"type": "number"},
+        "info": {},
+        "observations": {"type": "object"},
+        "rewards": {"type": "object"},
+        "infos": {"type": "object"},
+        "dones": {"type": "object"},
+        "request": {"type": "integer", "description": "1, 2, ...: a repeat is answered again"},
+    },
+}
+
+
+def _op(summary: str, body: Any = None, ok: str = "200", errors: tuple[str, ...] = ()) -> Any:
+    responses: dict[str, Any] = {ok: {"description": "success"}}
+    for status in ("400", "401", *errors):
+        responses[status] = {"description": "refused", "content": {_JSON: {"schema": _ERROR}}}
+    op: dict[str, Any] = {"summary": summary, "responses": responses}
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": body}
+    return op
+
+
+def _json(schema: Any) -> dict[str, Any]:
+    return {_JSON: {"schema": schema}}
+
+
+_EPISODE = {"name": "episode_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def document() -> dict[str, Any]:
+    """The document served at ``GET /v1/openapi.json``."""
+    with_id = {"parameters": [_EPISODE]}
+    step = _json(_STEP)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "rlpipe policy server", "version": "1"},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "properties": {
+                                "status": {"type": "integer"},
+                                "message": {"type": "string"},
+                            },
+                        }
+                    },
+                }
+            },
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/episodes": {
+                "post": _op(
+                    "Start an episode (idempotent for a client-named episode_id).",
+                    _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "episode_id": {"type": "string"},
+                                "training_enabled": {"type": "boolean"},
+                                "seed": {"type": "integer"},
+                                "options": {},
+                                "client_id": {"type": "string"},
+                            },
+                        }
+                    ),
+                    "201",
+                    ("409",),
+                )
+            },
+            "/v1/episodes/{episode_id}/actions": {
+                **with_id,
+                "post": _op(
+                    "Remote inference: the action for an observation.",
+                    step,
+                    errors=("404", "409", "503"),
+                ),
+            },
+            "/v1/episodes/{episode_id}/logged-actions": {
+                **with_id,
+                "post": _op(
+                    "Record an action the client chose (adds 'action').",
+                    step,
+                    errors=("404", "409", "503"),
+                ),
+            },
+            "/v1/episodes/{episode_id}/returns": {
+                **with_id,
+                "post": _op("Add rewards to the pending step.", step, errors=("404", "409")),
+            },
+            "/v1/episodes/{episode_id}/end": {
+                **with_id,
+                "post": _op(
+                    "End the episode with its last observation "
+                    "('truncated': true for a time limit).",
+                    step,
+                    errors=("404", "409", "503"),
+                ),
+            },
+            "/v1/actions": {
+                "post": _op(
+                    "Batch form: {'episodes': [{episode_id, observation, reward, terminated, "
+                    "truncated, start}]}; an entry with 'start' opens its episode, one with "
+                    "terminated or truncated ends it.",
+                    _json({"type": "object"}),
+                    errors=("404", "409", "503"),
+                )
+            },
+            "/v1/uploads": {
+                "post": _op(
+                    "Local inference: store a batch of steps (Arrow IPC stream, table named by "
+                    "X-Rlpipe-Table) or {'steps': [...], 'episodes': [...]} as JSON, once per "
+                    "(X-Rlpipe-Client, X-Rlpipe-Upload).",
+                    {
+                        "application/vnd.apache.arrow.stream": {
+                            "schema": {"type": "string", "format": "binary"}
+                        },
+                        _JSON: {"schema": {"type": "object"}},
+                    },
+                    errors=("413", "415", "503"),
+                )
+            },
+            "/v1/weights": {
+                "get": _op(
+                    "The newest checkpoint as .npz bytes (X-Rlpipe-Policy-Version); ?version=N "
+                    "answers 304 when N is current.",
+                    errors=("304", "404"),
+                )
+            },
+            "/v1/spaces": {"get": _op("Observation and action spaces as JSON.")},
+            "/v1/health": {"get": {**_op("Liveness; says when acting at random."), "security": []}},
+            "/v1/metrics": {"get": _op("Prometheus text format.")},
+            "/v1/openapi.json": {"get": {**_op("This document."), "security": []}},
+        },
+    }

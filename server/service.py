@@ -1,0 +1,286 @@
+"""What the server does, without HTTP: episodes in, durable rows out, actions back.
+
+Routes (``server.app``) parse requests into :class:`~server.messages.StepInput` and call
+:meth:`Service.step`, which for any number of episodes at once completes their pending steps,
+runs one forward pass for every observation that needs an action, makes all rows durable with
+one writer append (one fsync, shared with concurrent requests by the writer's group commit), and
+only then advances the episodes. A request that fails changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline import schema
+from pipeline.errors import DatasetError, SchemaError
+from pipeline.recorder import Episode, Pending, Row
+from pipeline.writer import DatasetWriter
+from server.combiner import Combiner
+from server.config import ServerConfig
+from server.episodes import EpisodeBook, ended_message
+from server.errors import ApiError
+from server.inference import PolicyRunner
+from server.messages import StepInput
+from server.metrics import Metrics
+from server.uploads import UploadLedger
+
+_log = logging.getLogger("rlpipe.server")
+ACT, LOG, END = "act", "log", "end"
+
+
+@dataclass
+class StepItem:
+    """One episode's share of a request: what the client sent and what it asks for."""
+
+    episode: Episode
+    step: StepInput
+    kind: str  # ACT, LOG or END
+    truncated: bool = False
+    request: int | None = None  # the client's count of its requests in this episode, for retries
+
+
+class Service:
+    """The server's state: the writer, the open episodes, the policy and the counters."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.writer = DatasetWriter(
+            config.data, config.observation_space, config.action_space,
+            env_id=config.env_id, config=config.writer,
+        )  # fmt: skip
+        manifest = self.writer.manifest
+        self.observation_space = manifest.observation_space
+        self.action_space = manifest.action_space
+        self.env_id = manifest.env_id
+        self.episodes = EpisodeBook()
+        self.metrics = Metrics()
+        self.runner = PolicyRunner(
+            config.policy_source, self.observation_space, self.action_space,
+            config.policy_poll_s, config.seed,
+        )  # fmt: skip
+        self.uploads = UploadLedger(self.writer)
+        self._writes: Combiner[tuple[list[Row], list[Row]], None] = Combiner(
+            self._write_many, retry_alone=lambda error: isinstance(error, SchemaError)
+        )
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, daemon=True, name="rlpipe-reaper")
+        self._reaper.start()
+
+    def check_backlog(self) -> None:
+        """503 with Retry-After when shards pile up: better a client waits than data is dropped."""
+        if self.writer.backlog >= self.config.max_backlog:
+            raise ApiError(
+                503,
+                f"the server is {self.writer.backlog} shards behind in writing; retry after "
+                f"{self.config.retry_after_s} s",
+                retry_after=self.config.retry_after_s,
+            )
+
+    def start(self, episode: Episode) -> tuple[Episode, bool]:
+        return self.episodes.start(episode)
+
+    def step(self, items: Sequence[StepItem]) -> list[dict[str, Any]]:
+        """Complete, act, write, advance: the body of get_action, log_action and end_episode.
+
+        A single-episode request that repeats the client's last request number gets the answer
+        it already got, without a second row: that is what makes retrying a timed-out call safe.
+        """
+        episodes = {item.episode.episode_id: item.episode for item in items}
+        if len(episodes) != len(items):
+            raise ApiError(400, "field 'episodes': expected each episode at most once per "
+                                "request, got one twice")  # fmt: skip
+        with ExitStack() as stack:
+            for episode_id in sorted(episodes):
+                stack.enter_context(episodes[episode_id].lock)
+            for item in items:
+                if item.episode.ended:
+                    raise ApiError(409, ended_message(item.episode.episode_id))
+            replayed = [_replay(item) for item in items]
+            if all(r is not None for r in replayed):
+                return [r for r in replayed if r is not None]
+            results = self._step(items)
+            for item, result in zip(items, results, strict=True):
+                item.episode.requests += 1
+                item.episode.last_request = (item.episode.requests, result)
+                if item.kind == END:
+                    self.episodes.finish(item.episode)
+            return results
+
+    def _step(self, items: Sequence[StepItem]) -> list[dict[str, Any]]:
+        self.check_backlog()
+        rows: list[list[Row]] = []
+        for item in items:
+            rows.append(_completed_rows(item))
+        actions = self._actions(items)
+        summaries: list[Row] = []
+        for item, item_rows in zip(items, rows, strict=True):
+            if item.kind == END:
+                reason = "truncated" if item.truncated else "terminated"
+                summaries += _summaries(item.episode, item_rows, reason)
+        self._write([row for item_rows in rows for row in item_rows], summaries)
+        results = []
+        for item, item_rows, pending in zip(items, rows, actions, strict=True):
+            item.episode.commit(item_rows, pending)
+            _add_unobserved_rewards(item)
+            results.append(_result(item, pending))
+        return results
+
+    def returns(self, episode: Episode, step: StepInput) -> None:
+        episode.add_rewards(step.rewards, step.infos, step.dones)
+
+    def close_episode(self, episode: Episode, end_reason: str = "closed") -> None:
+        """Write what an abandoned episode holds: its pending steps as truncated, its summary."""
+        with episode.lock:
+            if episode.ended:
+                return
+            rows = episode.close_rows({}, truncated=True)
+            self._write(rows, _summaries(episode, rows, end_reason))
+            episode.commit(rows, {})
+            self.episodes.finish(episode)
+
+    def close(self) -> None:
+        """Close every open episode as truncated, then the writer. Safe to call twice."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._reaper.join()
+        for episode in self.episodes.all_open():
+            try:
+                self.close_episode(episode)
+            except Exception:  # keep closing the rest; the writer close below must happen
+                _log.exception("closing episode %s failed", episode.episode_id)
+        self.writer.close()
+
+    def _actions(self, items: Sequence[StepItem]) -> list[dict[str, Pending]]:
+        """New pending steps per item; every ACT observation goes through one forward pass."""
+        wanted: list[tuple[int, str, int]] = []  # (item, agent, row in its observation column)
+        columns = []
+        out: list[dict[str, Pending]] = [{} for _ in items]
+        for index, item in enumerate(items):
+            if item.kind == END:
+                continue
+            for row, (agent_id, observation) in enumerate(item.step.observations.items()):
+                state = item.episode.agents.get(agent_id)
+                if item.step.dones.get(agent_id) or (state is not None and state.terminated):
+                    continue
+                if item.kind == LOG:
+                    action = item.step.actions[agent_id]
+                    out[index][agent_id] = Pending(observation, action, None, None)
+                else:
+                    wanted.append((index, agent_id, row))
+            column = item.step.observation_column
+            if item.kind == ACT and column is not None:
+                mine = [w[2] for w in wanted if w[0] == index]
+                columns.append(column if len(mine) == len(column) else column.take(mine))
+        if wanted:
+            acted = self.runner.act(pa.concat_arrays(columns))
+            for n, (index, agent_id, _) in enumerate(wanted):
+                observation = items[index].step.observations[agent_id]
+                out[index][agent_id] = Pending(
+                    observation, acted.actions[n], acted.action_logp[n], acted.policy_version
+                )
+        return out
+
+    def _write(self, rows: list[Row], summaries: list[Row]) -> None:
+        """Durable before it returns; concurrent requests share one append (and one fsync)."""
+        if rows or summaries:
+            self._writes.submit((rows, summaries))
+
+    def _write_many(self, work: list[tuple[list[Row], list[Row]]]) -> list[None]:
+        started = time.perf_counter()
+        rows = [row for item, _ in work for row in item]
+        summaries = [row for _, item in work for row in item]
+        if rows:
+            self.writer.append(schema.rows_to_columns(rows))
+        if summaries:
+            try:
+                self.writer.append_episodes(summaries)
+            except SchemaError as error:  # the steps are written: this must not be retried
+                raise DatasetError(f"writing episode summaries failed: {error}") from error
+        self.metrics.observe_append(time.perf_counter() - started, len(rows))
+        return [None] * len(work)
+
+    def _reap_loop(self) -> None:
+        period = min(self.config.idle_timeout_s / 4, 1.0)
+        while not self._stop.wait(period):
+            for episode in self.episodes.idle(self.config.idle_timeout_s):
+                try:
+                    self.close_episode(episode)
+                except Exception:
+                    _log.exception("closing idle episode %s failed", episode.episode_id)
+
+
+def _replay(item: StepItem) -> dict[str, Any] | None:
+    episode = item.episode
+    if item.request is None:
+        return None
+    if episode.last_request is not None and episode.last_request[0] == item.request:
+        replayed: dict[str, Any] = episode.last_request[1]
+        return replayed
+    if item.request != episode.requests + 1:
+        raise ApiError(409, f"field 'request': expected {episode.requests + 1} (the next request "
+                            f"of episode '{episode.episode_id}'), got {item.request}")  # fmt: skip
+    return None
+
+
+def _completed_rows(item: StepItem) -> list[Row]:
+    step, episode = item.step, item.episode
+    if item.kind != END:
+        return episode.complete(step.observations, step.rewards, step.infos, step.dones)
+    terminated = {agent_id: not item.truncated for agent_id in step.observations}
+    rows = episode.complete(step.observations, step.rewards, step.infos, terminated,
+                            truncated=item.truncated)  # fmt: skip
+    unobserved = {k: v for k, v in step.rewards.items() if k not in step.observations}
+    observed = {row["agent_id"] for row in rows}
+    rows += [
+        row for row in episode.close_rows(unobserved, truncated=True)
+        if row["agent_id"] not in observed
+    ]  # fmt: skip
+    return rows
+
+
+def _summaries(episode: Episode, rows: list[Row], end_reason: str) -> list[Row]:
+    """Episode rows as they will be once ``rows`` are committed (commit happens after the write)."""
+    summaries = episode.summary_rows(end_reason)
+    for summary in summaries:
+        mine = [row for row in rows if row["agent_id"] == summary["agent_id"]]
+        summary["length"] += len(mine)
+        summary["return"] += sum(row["reward"] for row in mine)
+        if any(row["terminated"] for row in mine):
+            summary["end_reason"] = "terminated"
+    return summaries
+
+
+def _add_unobserved_rewards(item: StepItem) -> None:
+    if item.kind == END:
+        return
+    for agent_id, reward in item.step.rewards.items():
+        if agent_id not in item.step.observations:
+            item.episode.agent(agent_id).reward += reward
+
+
+def _result(item: StepItem, pending: dict[str, Pending]) -> dict[str, Any]:
+    if item.kind == END:
+        return {"episode_id": item.episode.episode_id, "ended": True}
+    if not item.step.multiagent:
+        step = next(iter(pending.values()), None)
+        return {
+            "episode_id": item.episode.episode_id,
+            "action": None if step is None else step.action,
+            "action_logp": None if step is None else step.action_logp,
+            "policy_version": None if step is None else step.policy_version,
+        }
+    return {
+        "episode_id": item.episode.episode_id,
+        "actions": {agent_id: step.action for agent_id, step in pending.items()},
+        "action_logp": {agent_id: step.action_logp for agent_id, step in pending.items()},
+        "policy_version": next((s.policy_version for s in pending.values()), None),
+    }

@@ -1,0 +1,149 @@
+"""Batch uploads from local-inference clients, stored exactly once however often they are retried.
+
+A client names itself (``client_id``) and numbers its uploads (``seq``). While the server runs it
+remembers which numbers each client has delivered, so a retry of an acknowledged upload is
+answered without writing again. After a restart that memory is gone, so the first upload from a
+client the server has not yet seen is checked against the rows already in the dataset: rows whose
+key (episode, agent, ``t``; episode and agent for the episodes table) is stored are dropped. Every
+acknowledged row is in the dataset by then, because a new writer recovers the log of a dead one.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from pipeline import layout, schema
+from pipeline.writer import DatasetWriter
+from server.errors import ApiError, bad_request
+
+_KEYS = {layout.STEPS: ["episode_id", "agent_id", "t"], layout.EPISODES: ["episode_id", "agent_id"]}
+_REMEMBER = 100_000  # upload numbers kept per client
+
+
+def read_arrow(body: bytes) -> pa.Table:
+    """An Arrow IPC stream body as a table (Arrow IPC carries data only: nothing to execute)."""
+    try:
+        with pa.ipc.open_stream(io.BytesIO(body)) as reader:
+            return reader.read_all()
+    except (pa.ArrowInvalid, OSError) as error:
+        raise ApiError(
+            400, f"body: expected an Arrow IPC stream, got unreadable bytes ({error})"
+        ) from None
+
+
+class UploadLedger:
+    """Which (client, upload number) pairs are stored; writes each upload once."""
+
+    def __init__(self, writer: DatasetWriter) -> None:
+        self._writer = writer
+        self._seen: dict[str, set[int]] = defaultdict(set)
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._lock = threading.Lock()
+
+    def store(self, client_id: str, seq: int, tables: dict[str, pa.Table]) -> dict[str, Any]:
+        """Write an upload's tables unless this (client, seq) was stored; returns what happened."""
+        with self._lock:
+            lock = self._locks[client_id]
+        with lock:
+            known = client_id in self._seen
+            if seq in self._seen[client_id]:
+                return {"stored": {name: 0 for name in tables}, "duplicate": True}
+            stored = {}
+            for name, table in tables.items():
+                table = _with_client(_with_agent(table), client_id)
+                if not known:
+                    table = self._unstored(name, table, client_id)
+                if name == layout.STEPS:
+                    stored[name] = self._writer.append(table)
+                else:
+                    stored[name] = self._writer.append_episodes(table)
+            seen = self._seen[client_id]
+            seen.add(seq)
+            if len(seen) > _REMEMBER:
+                seen.discard(min(seen))
+            return {"stored": stored, "duplicate": False}
+
+    def _unstored(self, name: str, table: pa.Table, client_id: str) -> pa.Table:
+        """The rows of ``table`` not yet in the dataset (checked once per client per server run)."""
+        folder = Path(self._writer.root) / name
+        if table.num_rows == 0 or not folder.is_dir() or not any(folder.rglob("*.parquet")):
+            return table
+        keys = _KEYS[name]
+        episode_ids = pc.unique(table.column("episode_id"))
+        dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+        stored = dataset.to_table(
+            columns=keys,
+            filter=(ds.field("client_id") == client_id) & ds.field("episode_id").isin(episode_ids),
+        )
+        if stored.num_rows == 0:
+            return table
+        mine = table.select(keys).append_column("_row", pa.array(range(table.num_rows)))
+        marked = stored.append_column("_stored", pa.array([True] * stored.num_rows))
+        joined = mine.join(marked, keys)  # left outer: unmatched rows have a null mark
+        fresh = pc.filter(joined.column("_row"), pc.is_null(joined.column("_stored")))
+        return table.take(np.unique(fresh.to_numpy()))
+
+
+def _with_agent(table: pa.Table) -> pa.Table:
+    if "agent_id" in table.column_names:
+        return table
+    column = pa.array([layout.DEFAULT_AGENT_ID] * table.num_rows, pa.string())
+    return table.append_column("agent_id", column)
+
+
+def _with_client(table: pa.Table, client_id: str) -> pa.Table:
+    """The server, not the rows, says which client sent them: the ledger's keys depend on it."""
+    column = pa.array([client_id] * table.num_rows, pa.string())
+    if "client_id" in table.column_names:
+        return table.set_column(table.column_names.index("client_id"), "client_id", column)
+    return table.append_column("client_id", column)
+
+
+def json_table(writer: DatasetWriter, name: str, rows: Any) -> pa.Table:
+    """A JSON upload's rows (a list of objects) checked against the table's schema."""
+    if not isinstance(rows, list):
+        raise bad_request(name, "a list of row objects", type(rows).__name__)
+    if not all(isinstance(row, dict) for row in rows):
+        raise bad_request(name, "a list of row objects", "a list with other values")
+    columns = schema.rows_to_columns(rows)
+    if name == layout.EPISODES:
+        for key in ("started_at", "ended_at"):
+            if key in columns:
+                columns[key] = [_timestamp(value, f"{name}.{key}") for value in columns[key]]
+        batch = schema.episodes_from_columns(columns)
+    else:
+        manifest = writer.manifest
+        batch = schema.steps_from_columns(
+            writer.step_schema, columns, manifest.observation_space, manifest.action_space
+        )
+    return pa.Table.from_batches([batch])
+
+
+def _timestamp(value: Any, name: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise bad_request(name, "an ISO 8601 time with its zone", repr(value)) from None
+    if moment.tzinfo is None:
+        raise bad_request(name, "an ISO 8601 time with its zone", repr(value))
+    return moment
+
+
+def parse_seq(value: str | None) -> int:
+    try:
+        seq = int(value) if value is not None else -1
+    except ValueError:
+        seq = -1
+    if seq < 0:
+        raise bad_request("X-Rlpipe-Upload", "the upload's number, an integer >= 0", repr(value))
+    return seq

@@ -1,0 +1,261 @@
+"""PolicyClient against a real server on loopback, with real CartPole and a multi-agent env."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+import pytest
+from server_fixtures import cartpole_config, free_port, kill, running_server, start_serve_process
+
+from pipeline.client import (
+    EpisodeError,
+    PolicyClient,
+    RequestRejected,
+    ServerUnavailable,
+    Unauthorized,
+    base_url,
+)
+from pipeline.errors import SchemaError
+from server.config import ServerConfig
+
+
+def _read(data: Path, table: str = "steps") -> pd.DataFrame:
+    return pd.read_parquet(data / table)
+
+
+def _play(client: PolicyClient, episodes: int, seed: int) -> list[int]:
+    """Play CartPole through the client; returns each episode's length."""
+    env = gym.make("CartPole-v1")
+    lengths = []
+    for n in range(episodes):
+        episode_id = client.start_episode(seed=seed + n, options={"n": n})
+        observation, _ = env.reset(seed=seed + n)
+        t = 0
+        while True:
+            action = client.get_action(episode_id, observation)
+            observation, reward, terminated, truncated, _ = env.step(action)
+            client.log_returns(episode_id, reward, info={"t": t})
+            t += 1
+            if terminated or truncated:
+                client.end_episode(episode_id, observation, truncated=truncated)
+                break
+        lengths.append(t)
+    env.close()
+    return lengths
+
+
+@pytest.mark.parametrize("mode", ["remote", "local"])
+def test_cartpole_episodes_land_once_each_step(tmp_path: Path, mode: str) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode=mode, spool_dir=tmp_path / "spool")
+        lengths = _play(client, 3, seed=7)
+        assert client.close()
+    steps, episodes = _read(data), _read(data, "episodes")
+    assert len(steps) == sum(lengths)
+    assert steps.groupby("episode_id").size().sort_values().tolist() == sorted(lengths)
+    assert steps["reward"].tolist() == [1.0] * sum(lengths)
+    assert sorted(episodes["length"]) == sorted(lengths)
+    assert sorted(episodes["seed"]) == [7, 8, 9]
+    assert episodes["end_reason"].tolist() == ["terminated"] * 3
+    for _, episode in steps.groupby("episode_id"):
+        episode = episode.sort_values("t")
+        assert episode["t"].tolist() == list(range(len(episode)))
+        assert episode["terminated"].tolist() == [False] * (len(episode) - 1) + [True]
+        observation = np.stack(episode["observation"].to_numpy())
+        next_observation = np.stack(episode["next_observation"].to_numpy())
+        np.testing.assert_array_equal(observation[1:], next_observation[:-1])
+
+
+def test_address_forms() -> None:
+    assert base_url("localhost:9900") == "http://localhost:9900"
+    assert base_url("https://sim.example:443/") == "https://sim.example:443"
+
+
+def test_import_pulls_in_neither_torch_nor_flask() -> None:
+    code = "import sys, pipeline.client; print(sorted({'torch', 'flask'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+class TwoWalkers:
+    """A tiny multi-agent env: walkers 'a' and 'b' step left or right; 'b' stops after 3 steps,
+    the episode after 5. Rewards 1.0 per step per walker."""
+
+    observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self) -> dict[str, np.ndarray]:
+        self.t = 0
+        self.position = {"a": 0.0, "b": 0.0}
+        return {k: self._observation(k) for k in self.position}
+
+    def _observation(self, agent: str) -> np.ndarray:
+        return np.array([self.position[agent], self.t], np.float32)
+
+    def step(self, actions: dict[str, int]) -> tuple[dict[str, Any], dict[str, float],
+                                                     dict[str, bool]]:  # fmt: skip
+        self.t += 1
+        for agent, action in actions.items():
+            self.position[agent] += 1.0 if action else -1.0
+        dones = {"b": self.t == 3} if "b" in actions else {}
+        dones["a"] = self.t == 5
+        dones["__all__"] = dones["a"]
+        observations = {k: self._observation(k) for k in actions}
+        return observations, {k: 1.0 for k in actions}, dones
+
+
+@pytest.mark.parametrize("mode", ["remote", "local"])
+def test_multiagent_dicts_per_agent_rewards_and_done_dict(tmp_path: Path, mode: str) -> None:
+    data = tmp_path / "ds"
+    env = TwoWalkers()
+    config = ServerConfig(data=data, observation_space=env.observation_space,
+                          action_space=env.action_space)  # fmt: skip
+    with running_server(config) as server:
+        client = PolicyClient(server.url, inference_mode=mode, spool_dir=tmp_path / "spool")
+        episode_id = client.start_episode(episode_id="walk")
+        observations = env.reset()
+        while True:
+            actions = client.get_action(episode_id, observations)
+            assert set(actions) == {a for a in observations if a == "a" or env.t < 3}
+            observations, rewards, dones = env.step(actions)
+            client.log_returns(episode_id, rewards, multiagent_done_dict=dones)
+            if dones["__all__"]:
+                client.end_episode(episode_id, observations)
+                break
+        assert client.close()
+    steps = pd.read_parquet(data / "steps").sort_values(["agent_id", "t"])
+    by_agent = {agent: rows for agent, rows in steps.groupby("agent_id")}
+    assert by_agent["a"]["t"].tolist() == [0, 1, 2, 3, 4]
+    assert by_agent["b"]["t"].tolist() == [0, 1, 2]
+    assert by_agent["a"]["terminated"].tolist() == [False] * 4 + [True]
+    assert by_agent["b"]["terminated"].tolist() == [False, False, True]
+    assert steps["reward"].tolist() == [1.0] * 8
+    np.testing.assert_array_equal(np.stack(by_agent["b"]["next_observation"].to_numpy())[-1],
+                                  [sum(by_agent["b"]["action"] * 2 - 1), 3])  # fmt: skip
+    episodes = pd.read_parquet(data / "episodes").set_index("agent_id")
+    assert episodes["length"].to_dict() == {"a": 5, "b": 3}
+    assert episodes["return"].to_dict() == {"a": 5.0, "b": 3.0}
+
+
+def test_server_down_client_spools_then_every_step_arrives_once(tmp_path: Path) -> None:
+    data, port = tmp_path / "ds", free_port()
+    process = start_serve_process(data, port)
+    client = PolicyClient(f"127.0.0.1:{port}", spool_dir=tmp_path / "spool",
+                          upload_interval_s=0.05, update_interval=None)  # fmt: skip
+    try:
+        lengths = _play(client, 2, seed=1)
+        assert client.flush(10)
+        kill(process)
+        started = time.monotonic()
+        lengths += _play(client, 3, seed=3)  # never blocks on the dead server
+        assert time.monotonic() - started < 2
+        time.sleep(0.2)
+        assert list((tmp_path / "spool").glob("*.arrows"))  # waiting on disk
+        assert not client.flush(0.3)
+        process = start_serve_process(data, port)
+        assert client.flush(15)
+        assert client.close()
+    finally:
+        kill(process, 15)
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == sum(lengths)
+    assert not steps.duplicated(["episode_id", "agent_id", "t"]).any()
+    assert sorted(pd.read_parquet(data / "episodes")["length"]) == sorted(lengths)
+    assert not list((tmp_path / "spool").glob("*.arrows"))
+
+
+def test_local_mode_pulls_weights_and_records_their_version(tmp_path: Path) -> None:
+    from test_server import _checkpoint
+
+    data = tmp_path / "ds"
+    _checkpoint(data / "checkpoints", 3)
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, spool_dir=tmp_path / "spool", update_interval=None)
+        lengths = _play(client, 1, seed=0)
+        client.update_policy_weights()  # 304: unchanged
+        assert client.close()
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == lengths[0]
+    assert set(steps["policy_version"]) == {3}
+    assert (steps["action_logp"] < 0).all()
+
+
+def test_failures_raise_typed_errors_with_status_and_message(tmp_path: Path) -> None:
+    with running_server(cartpole_config(tmp_path / "ds", token="t")) as server:
+        with pytest.raises(Unauthorized) as denied:
+            PolicyClient(server.url, inference_mode="remote").start_episode()
+        assert denied.value.status == 401
+        assert denied.value.message == "missing or wrong token: send 'Authorization: Bearer TOKEN'"
+        client = PolicyClient(server.url, inference_mode="remote", token="t")
+        episode_id = client.start_episode()
+        with pytest.raises(RequestRejected, match=re.escape(
+            "400: field 'observation': expected float32 of shape (4,) per row, got shape (2,)"
+        )):  # fmt: skip
+            client.get_action(episode_id, [0.0, 0.0])
+        client.get_action(episode_id, np.zeros(4, np.float32))
+        client.end_episode(episode_id, np.zeros(4, np.float32))
+        with pytest.raises(EpisodeError) as ended:
+            client.start_episode(episode_id)
+        assert ended.value.status == 409
+        assert ended.value.message == (
+            f"episode '{episode_id}' has ended; call start_episode() for a new one"
+        )
+        local = PolicyClient(server.url, token="t", spool_dir=tmp_path / "spool")
+        episode_id = local.start_episode()
+        local.get_action(episode_id, np.zeros(4, np.float32))
+        with pytest.raises(SchemaError, match=re.escape(
+            "field 'reward': expected a finite number, got nan"
+        )):  # fmt: skip
+            local.log_returns(episode_id, float("nan"))
+        with pytest.raises(EpisodeError, match="call start_episode"):
+            local.get_action("nope", np.zeros(4, np.float32))
+        local.close()
+    with pytest.raises(ServerUnavailable) as down:
+        PolicyClient(server.url, inference_mode="remote", timeout=0.3).start_episode()
+    assert down.value.status is None
+
+
+def test_client_honours_503_retry_after(tmp_path: Path) -> None:
+    """A stand-in server (not rlpipe's) that is busy once, then answers."""
+    import threading
+
+    from flask import Flask, jsonify
+    from werkzeug.serving import make_server
+
+    stub = Flask("busy")
+    calls: list[float] = []
+
+    @stub.post("/v1/episodes")
+    def start() -> Any:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            return jsonify({"error": {"status": 503, "message": "busy"}}), 503, {
+                "Retry-After": "0.3"}  # fmt: skip
+        return jsonify({"episode_id": "x"}), 201
+
+    server = make_server("127.0.0.1", 0, stub, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = PolicyClient(f"127.0.0.1:{server.server_port}", inference_mode="remote")
+        assert client.start_episode(episode_id="x") == "x"
+        assert len(calls) == 2 and calls[1] - calls[0] >= 0.3
+        impatient = PolicyClient(f"127.0.0.1:{server.server_port}", inference_mode="remote",
+                                 timeout=0.1)  # fmt: skip
+        calls.clear()
+        with pytest.raises(ServerUnavailable) as busy:
+            impatient.start_episode()
+        assert (busy.value.status, busy.value.message, busy.value.retry_after) == (503, "busy", 0.3)
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()

@@ -1,0 +1,357 @@
+"""The policy server over real HTTP on loopback: resources, bad input, durability, shutdown."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import requests
+from server_fixtures import (
+    cartpole_config,
+    free_port,
+    kill,
+    running_server,
+    start_serve_process,
+)
+
+from pipeline import spaces
+from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
+from server import openapi
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+OBS = [0.01, -0.02, 0.03, 0.04]
+
+
+def _checkpoint(directory: Path, version: int, seed: int = 0) -> Path:
+    env = gym.make("CartPole-v1")
+    spec = ModelSpec(env.observation_space, env.action_space, hidden=(8,))
+    rng = np.random.default_rng(seed)
+    weights = {
+        "pi.0.weight": rng.standard_normal((8, 4)).astype(np.float32),
+        "pi.0.bias": np.zeros(8, np.float32),
+        "pi.1.weight": rng.standard_normal((2, 8)).astype(np.float32),
+        "pi.1.bias": np.zeros(2, np.float32),
+    }
+    return save_checkpoint(directory, Checkpoint(version, spec, weights))
+
+
+def _post(url: str, path: str, body: Any, **kwargs: Any) -> requests.Response:
+    return requests.post(url + path, json=body, headers=AUTH, timeout=10, **kwargs)
+
+
+def test_remote_inference_uses_newest_checkpoint_and_records_it(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data, token=TOKEN, policy_poll_s=0.05)) as server:
+        assert requests.get(server.url + "/v1/health", timeout=5).json()["acting_at_random"]
+        assert requests.get(server.url + "/v1/weights", headers=AUTH, timeout=5).status_code == 404
+        _checkpoint(data / "checkpoints", 1)
+        time.sleep(0.1)
+        episode = _post(server.url, "/v1/episodes", {"episode_id": "e1", "seed": 5}).json()
+        assert episode == {"episode_id": "e1"}
+        first = _post(server.url, "/v1/episodes/e1/actions", {"observation": OBS}).json()
+        assert first["policy_version"] == 1 and first["action"] in (0, 1)
+        assert first["action_logp"] < 0
+        _checkpoint(data / "checkpoints", 2, seed=1)
+        time.sleep(0.1)
+        second = _post(server.url, "/v1/episodes/e1/actions", {"observation": OBS, "reward": 1})
+        assert second.json()["policy_version"] == 2
+        _post(server.url, "/v1/episodes/e1/end", {"observation": OBS, "reward": 2.5})
+        health = requests.get(server.url + "/v1/health", timeout=5).json()
+        assert health["policy_version"] == 2 and not health["acting_at_random"]
+        weights = requests.get(server.url + "/v1/weights", headers=AUTH, timeout=5)
+        assert weights.headers["X-Rlpipe-Policy-Version"] == "2"
+        assert weights.content == (data / "checkpoints" / "policy-00000002.npz").read_bytes()
+        same = requests.get(server.url + "/v1/weights?version=2", headers=AUTH, timeout=5)
+        assert same.status_code == 304 and same.content == b""
+    steps = pd.read_parquet(data / "steps").sort_values("t")
+    assert steps["policy_version"].tolist() == [1, 2]
+    assert steps["action_logp"].tolist() == [first["action_logp"], second.json()["action_logp"]]
+    assert steps["reward"].tolist() == [1.0, 2.5]
+    assert steps["terminated"].tolist() == [False, True]
+
+
+def test_batch_form_serves_many_episodes_in_one_request(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        start = [{"episode_id": f"v{i}", "start": {"seed": i}, "observation": OBS}
+                 for i in range(16)]  # fmt: skip
+        answer = requests.post(server.url + "/v1/actions", json={"episodes": start}, timeout=10)
+        assert [e["action"] in (0, 1) for e in answer.json()["episodes"]] == [True] * 16
+        step = [{"episode_id": f"v{i}", "observation": OBS, "reward": 1.0,
+                 "terminated": i % 2 == 0} for i in range(16)]  # fmt: skip
+        answer = requests.post(server.url + "/v1/actions", json={"episodes": step}, timeout=10)
+        ended = [e.get("ended", False) for e in answer.json()["episodes"]]
+        assert ended == [i % 2 == 0 for i in range(16)]
+        assert server.service.runner.forward_passes == 2
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == 16 + 8  # 16 first steps, then 8 episodes' second steps at close
+    episodes = pd.read_parquet(data / "episodes").set_index("episode_id")
+    assert episodes.loc["v0", "end_reason"] == "terminated"
+    assert episodes.loc["v1", "end_reason"] == "closed"
+    assert episodes.loc["v3", "seed"] == 3
+
+
+def _bad_cases(url: str) -> list[tuple[str, dict[str, Any], int, str]]:
+    json_type = {"Content-Type": "application/json", **AUTH}
+    ep = "/v1/episodes/e1/actions"
+    return [
+        (ep, {"data": b"{", "headers": json_type}, 400,
+         "body: expected a JSON object, got malformed JSON (Expecting property name enclosed in "
+         "double quotes: line 1 column 2 (char 1))"),
+        (ep, {"json": [1, 2]}, 400, "field 'body': expected a JSON object, got list"),
+        (ep, {"json": {"observation": [0, 0, 0]}}, 400,
+         "field 'observation': expected float32 of shape (4,) per row, got shape (3,)"),
+        (ep, {"json": {"observation": ["a", "b", "c", "d"]}}, 400,
+         "field 'observation': expected float32 of shape (4,) per row, got ['a', 'b', 'c', 'd']"),
+        (ep, {"data": b'{"observation": [NaN, 0, 0, 0]}', "headers": json_type}, 400,
+         "body: expected finite numbers, got NaN"),
+        (ep, {"json": {"observation": OBS, "reward": "1"}}, 400,
+         "field 'reward': expected a finite number, got '1'"),
+        (ep, {"json": {}}, 400,
+         "field 'observation': expected an observation (or 'observations' keyed by agent id), "
+         "got nothing"),
+        ("/v1/episodes/e1/logged-actions", {"json": {"observation": OBS, "action": 5}}, 400,
+         "field 'action': expected an integer in [0, 2), got 5"),
+        (ep, {"data": b"x" * 5000, "headers": json_type}, 413,
+         "request body of 5000 bytes is larger than the server's limit of 4096 bytes"),
+        (ep, {"json": {"observation": OBS}, "headers": {}}, 401,
+         "missing or wrong token: send 'Authorization: Bearer TOKEN'"),
+        (ep, {"json": {"observation": OBS}, "headers": {"Authorization": "Bearer nope"}}, 401,
+         "missing or wrong token: send 'Authorization: Bearer TOKEN'"),
+        ("/v1/episodes/nope/actions", {"json": {"observation": OBS}}, 404,
+         "episode 'nope' is not open on this server; call start_episode() first"),
+        ("/v1/episodes/old/actions", {"json": {"observation": OBS}}, 409,
+         "episode 'old' has ended; call start_episode() for a new one"),
+        (ep, {"data": b"observation=1", "headers": {"Content-Type": "text/plain", **AUTH}}, 415,
+         "Content-Type: expected application/json, got text/plain"),
+        (ep, {"json": {"observation": OBS, "request": 7}}, 409,
+         "field 'request': expected 2 (the next request of episode 'e1'), got 7"),
+        ("/v1/uploads", {"data": b"not arrow", "headers": {
+            "Content-Type": "application/vnd.apache.arrow.stream", "X-Rlpipe-Client": "c",
+            "X-Rlpipe-Upload": "0", **AUTH}}, 400,
+         "body: expected an Arrow IPC stream, got unreadable bytes"),
+        ("/v1/uploads", {"json": {"steps": []}, "headers": {"X-Rlpipe-Client": "c", **AUTH}},
+         400, "field 'X-Rlpipe-Upload': expected the upload's number, an integer >= 0, got None"),
+    ]  # fmt: skip
+
+
+def test_bad_input_gets_its_4xx_writes_nothing_and_the_server_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "ds"
+    config = cartpole_config(data, token=TOKEN, max_body_bytes=4096)
+    with running_server(config) as server:
+        for episode_id in ("e1", "old"):
+            _post(server.url, "/v1/episodes", {"episode_id": episode_id})
+        _post(server.url, "/v1/episodes/old/end", {"observation": OBS})
+        _post(server.url, "/v1/episodes/e1/actions", {"observation": OBS, "request": 1})
+        for path, kwargs, status, message in _bad_cases(server.url):
+            kwargs.setdefault("headers", AUTH)
+            response = requests.post(server.url + path, timeout=10, **kwargs)
+            assert response.status_code == status, (path, response.text)
+            got = response.json()["error"]
+            assert got["status"] == status
+            assert re.fullmatch(re.escape(message) + r"( \(.*\))?", got["message"]), got
+            assert "Traceback" not in response.text
+        for path in ("/", "/v1", "/v1/../manifest.json", "/steps/"):
+            response = requests.get(server.url + path, headers=AUTH, timeout=5)
+            assert response.status_code == 404 and response.json()["error"]["status"] == 404
+        ok = _post(server.url, "/v1/episodes/e1/actions", {"observation": OBS, "request": 2})
+        assert ok.status_code == 200
+        _post(server.url, "/v1/episodes/e1/end", {"observation": OBS})
+        metrics = requests.get(server.url + "/v1/metrics", headers=AUTH, timeout=5).text
+    steps = pd.read_parquet(data / "steps")
+    assert sorted(steps[steps["episode_id"] == "e1"]["t"]) == [0, 1]
+    assert len(steps) == 2
+    assert re.search(r"^rlpipe_steps_accepted_total 2$", metrics, re.M)
+    assert re.search(r'^rlpipe_responses_total\{status="401"\} 2$', metrics, re.M)
+
+
+def test_a_retried_request_is_answered_again_without_a_second_row(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        _post(server.url, "/v1/episodes", {"episode_id": "e"})
+        _post(server.url, "/v1/episodes", {"episode_id": "e"})  # a retried start
+        answers = [_post(server.url, "/v1/episodes/e/actions",
+                         {"observation": OBS, "request": n}).json() for n in (1, 2, 2)]  # fmt: skip
+        assert answers[1] == answers[2]
+        ended = [_post(server.url, "/v1/episodes/e/end", {"observation": OBS, "request": 3})
+                 for _ in range(2)]  # fmt: skip
+        assert [r.json() for r in ended] == [{"episode_id": "e", "ended": True}] * 2
+    assert len(pd.read_parquet(data / "steps")) == 2
+    assert len(pd.read_parquet(data / "episodes")) == 1
+
+
+def _upload(url: str, client: str, seq: int, table: pa.Table, name: str = "steps") -> Any:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    headers = {"Content-Type": "application/vnd.apache.arrow.stream", "X-Rlpipe-Client": client,
+               "X-Rlpipe-Upload": str(seq), "X-Rlpipe-Table": name}  # fmt: skip
+    response = requests.post(url + "/v1/uploads", data=sink.getvalue(), headers=headers,
+                             timeout=10)  # fmt: skip
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _steps_table(episode: str, n: int) -> pa.Table:
+    env = gym.make("CartPole-v1")
+    observations = spaces.sample_batch(env.observation_space, n + 1, seed=0)
+    return pa.table({
+        "episode_id": [episode] * n, "t": list(range(n)),
+        "observation": spaces.to_arrow(env.observation_space, observations[:-1]),
+        "action": [0] * n, "reward": [1.0] * n,
+        "next_observation": spaces.to_arrow(env.observation_space, observations[1:]),
+        "terminated": [False] * (n - 1) + [True], "truncated": [False] * n,
+    })  # fmt: skip
+
+
+def test_uploads_are_stored_once_across_retries_and_restarts(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        assert _upload(server.url, "c1", 0, _steps_table("a", 10))["stored"] == {"steps": 10}
+        again = _upload(server.url, "c1", 0, _steps_table("a", 10))
+        assert again == {"duplicate": True, "stored": {"steps": 0}}
+        json_rows = requests.post(server.url + "/v1/uploads", timeout=10, headers={
+            "X-Rlpipe-Client": "c1", "X-Rlpipe-Upload": "1"}, json={"episodes": [{
+                "episode_id": "a", "started_at": "2026-11-22T10:00:00+00:00",
+                "ended_at": "2026-11-22T10:01:00+00:00", "length": 10, "return": 10.0,
+                "end_reason": "terminated"}]})  # fmt: skip
+        assert json_rows.json()["stored"] == {"episodes": 1}
+    with running_server(cartpole_config(data)) as server:  # a new server forgot the numbers
+        assert _upload(server.url, "c1", 0, _steps_table("a", 10))["stored"] == {"steps": 0}
+        assert _upload(server.url, "c1", 2, _steps_table("b", 5))["stored"] == {"steps": 5}
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == 15 and set(steps["client_id"]) == {"c1"}
+    assert len(pd.read_parquet(data / "episodes")) == 1
+
+
+def test_idle_and_open_episodes_are_closed_as_truncated(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data, idle_timeout_s=0.3)) as server:
+        _post(server.url, "/v1/episodes", {"episode_id": "idle", "seed": 1, "options": {"a": 1}})
+        _post(server.url, "/v1/episodes/idle/actions", {"observation": OBS})
+        deadline = time.monotonic() + 5
+        while len(server.service.episodes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        answer = _post(server.url, "/v1/episodes/idle/actions", {"observation": OBS})
+        assert answer.status_code == 409
+        _post(server.url, "/v1/episodes", {"episode_id": "open"})
+        _post(server.url, "/v1/episodes/open/actions", {"observation": OBS})
+    steps = pd.read_parquet(data / "steps").set_index("episode_id")
+    assert steps["truncated"].tolist() == [True, True]
+    assert steps["terminated"].tolist() == [False, False]
+    episodes = pd.read_parquet(data / "episodes").set_index("episode_id")
+    assert episodes["end_reason"].tolist() == ["closed", "closed"]
+    assert json.loads(episodes.loc["idle", "reset_options"]) == {"a": 1}
+
+
+def test_openapi_documents_every_route(tmp_path: Path) -> None:
+    with running_server(cartpole_config(tmp_path / "ds")) as server:
+        served = requests.get(server.url + "/v1/openapi.json", timeout=5).json()
+        routes = {
+            (re.sub(r"<([a-z_]+)>", r"{\1}", rule.rule), method.lower())
+            for rule in server.app.url_map.iter_rules() if rule.endpoint != "static"
+            for method in rule.methods or () if method in ("GET", "POST")
+        }  # fmt: skip
+    documented = {(path, method) for path, item in served["paths"].items()
+                  for method in item if method in ("get", "post")}  # fmt: skip
+    assert routes == documented
+    assert served == openapi.document()
+
+
+def test_sigkill_loses_nothing_acknowledged_and_a_restart_continues(tmp_path: Path) -> None:
+    data, port = tmp_path / "ds", free_port()
+    process = start_serve_process(data, port)
+    url = f"http://127.0.0.1:{port}"
+    acknowledged: list[int] = []  # upload numbers the server answered 200 to
+    in_flight: list[int] = []
+
+    def upload_until_the_server_dies() -> None:
+        for seq in range(10_000):
+            try:
+                _upload(url, "k", seq, _steps_table(f"k{seq}", 20))
+            except requests.ConnectionError:
+                in_flight.append(seq)
+                return
+            acknowledged.append(seq)
+
+    _post(url, "/v1/episodes", {"episode_id": "r"})
+    for n in range(1, 4):
+        _post(url, "/v1/episodes/r/actions", {"observation": OBS, "request": n})
+    uploads = threading.Thread(target=upload_until_the_server_dies)
+    uploads.start()
+    while len(acknowledged) < 5:
+        time.sleep(0.01)
+    kill(process)  # SIGKILL, mid-stream
+    uploads.join()
+    process = start_serve_process(data, port)
+    try:
+        retried = _upload(url, "k", in_flight[0], _steps_table(f"k{in_flight[0]}", 20))
+        _upload(url, "k", 10_001, _steps_table("after", 20))
+    finally:
+        kill(process, 15)  # SIGTERM: a clean shutdown
+    steps = pd.read_parquet(data / "steps")
+    stored = set(steps["episode_id"])
+    assert {f"k{seq}" for seq in acknowledged} <= stored
+    assert {"r", f"k{in_flight[0]}", "after"} <= stored
+    assert len(steps) == 20 * (len(acknowledged) + 2) + 2  # r: rows t=0, 1; t=2 was pending
+    assert not steps.duplicated(["episode_id", "agent_id", "t"]).any()
+    assert retried["stored"]["steps"] in (0, 20)  # 0 when the lost answer's rows were stored
+
+
+def test_serve_takes_spaces_from_a_file_and_a_token(tmp_path: Path) -> None:
+    observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (3,), np.float32),
+                                         "k": gym.spaces.Discrete(4)})  # fmt: skip
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    spaces_file = tmp_path / "spaces.json"
+    spaces_file.write_text(json.dumps({
+        "observation_space": spaces.space_to_json(observation_space),
+        "action_space": spaces.space_to_json(action_space), "env_id": "MySim-v0",
+    }))  # fmt: skip
+    port = free_port()
+    process = start_serve_process(tmp_path / "ds", port, "--spaces", str(spaces_file),
+                                  "--token", TOKEN, env_id=None)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        served = requests.get(url + "/v1/spaces", headers=AUTH, timeout=5).json()
+        assert spaces.space_from_json(served["observation_space"]) == observation_space
+        assert served["env_id"] == "MySim-v0"
+        assert requests.get(url + "/v1/spaces", timeout=5).status_code == 401
+        _post(url, "/v1/episodes", {"episode_id": "d"})
+        observation = {"x": [0.5, 0.0, -0.5], "k": 3}
+        action = _post(url, "/v1/episodes/d/actions", {"observation": observation}).json()
+        assert len(action["action"]) == 2
+        _post(url, "/v1/episodes/d/end", {"observation": observation, "truncated": True})
+    finally:
+        kill(process, 15)
+    steps = pd.read_parquet(tmp_path / "ds" / "steps")
+    assert steps["truncated"].tolist() == [True]
+    assert steps["observation"][0]["k"] == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--data", "{tmp}/new"], "manifest"),
+        (["--data", "{tmp}/new", "--spaces", "{tmp}/missing.json"], "--spaces: expected"),
+    ],
+)
+def test_serve_refuses_what_it_cannot_serve(
+    tmp_path: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    assert main(["serve", *(a.format(tmp=tmp_path) for a in argv)]) == 2
+    assert message in capsys.readouterr().err
