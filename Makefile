@@ -28,6 +28,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/writer.py
 	$(BIN)/python bench/reader.py
+	$(BIN)/python bench/serve.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
