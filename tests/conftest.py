@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Tests share 2 cores with servers and clients they start as subprocesses (which inherit this):
+# torch's default of one thread per core makes small-network updates ~15x slower here.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
