@@ -29,6 +29,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/writer.py
 	$(BIN)/python bench/reader.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[bench]'
+	$(BIN)/python bench/learn.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,144 @@
+"""``rlpipe train {ppo,sac,bc,marwil,cql} --data DIR``: train from a dataset, live or historic.
+
+torch is imported only when the command runs, so ``rlpipe --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+ALGORITHMS = ("ppo", "sac", "bc", "marwil", "cql")
+ONLINE = ("ppo", "sac", "bc", "cql")  # MARWIL's returns need whole episodes, not a replay buffer
+OFFLINE = ("sac", "bc", "marwil", "cql")  # PPO is on-policy: it learns only from its own versions
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a policy from a dataset (online with --follow, else offline)",
+        description=__doc__,
+    )
+    parser.add_argument("algorithm", choices=ALGORITHMS)
+    parser.add_argument("--data", required=True, type=Path, help="dataset directory")
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="train from the live dataset and publish checkpoints into it",
+    )
+    parser.add_argument("--env", help="gymnasium id for evaluation (default: the manifest's)")
+    parser.add_argument("--stop-return", type=float, help="stop at this mean return")
+    parser.add_argument("--max-seconds", type=float, help="stop after this wall time")
+    parser.add_argument("--max-updates", type=int, help="stop after this many updates")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="metrics, curve, state and offline checkpoints (default: runs/ALGO-TIME)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help="rows per update (default: 256; PPO online: 2048 rows of episodes)",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=500,
+        help="updates between checkpoints and evaluations (default: 500)",
+    )
+    parser.add_argument("--eval-episodes", type=int, default=5)
+    parser.add_argument("--hidden", type=_widths, help="hidden layer widths, e.g. 64,64")
+    parser.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="online: stop after this many seconds without new rows",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(command_module=__name__)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.manifest import read_manifest
+    from pipeline.trainers import loop
+    from pipeline.trainers.runlog import RunLog
+
+    if args.follow and args.algorithm not in ONLINE:
+        raise ConfigError("train", "follow", f"an online algorithm {ONLINE}", args.algorithm)
+    if not args.follow and args.algorithm not in OFFLINE:
+        raise ConfigError("train", "algorithm", f"--follow, or one of {OFFLINE}", args.algorithm)
+    manifest = read_manifest(args.data)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run_dir = args.run_dir or Path("runs") / f"{args.algorithm}-{stamp}"
+    default_batch = 2048 if args.algorithm == "ppo" else 256
+    settings = loop.LoopSettings(
+        data=Path(args.data),
+        run_dir=run_dir,
+        env_id=args.env or manifest.env_id,
+        follow=args.follow,
+        stop_return=args.stop_return,
+        max_seconds=args.max_seconds,
+        max_updates=args.max_updates,
+        batch_size=default_batch if args.batch_size is None else args.batch_size,
+        eval_every=args.eval_every if not args.follow or args.algorithm != "ppo" else 1,
+        eval_episodes=args.eval_episodes,
+        timeout_s=args.timeout,
+        seed=args.seed,
+    )
+    trainer = make_trainer(
+        args.algorithm,
+        manifest.observation_space,
+        manifest.action_space,
+        seed=args.seed,
+        hidden=args.hidden,
+        lr=args.lr,
+    )
+    log = RunLog(run_dir, f"{args.algorithm} {'online' if args.follow else 'offline'}")
+    try:
+        train = loop.train_online if args.follow else loop.train_offline
+        last = train(trainer, settings, log)
+    finally:
+        curve = log.close()
+    where = settings.data if args.follow else run_dir
+    print(
+        f"trained {args.algorithm}: version {last['version']} in {where / 'checkpoints'}; "
+        f"metrics in {run_dir / 'metrics.jsonl'}" + (f"; curve {curve}" if curve else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def make_trainer(
+    algorithm: str,
+    observation_space: Any,
+    action_space: Any,
+    *,
+    seed: int = 0,
+    hidden: tuple[int, ...] | None = None,
+    lr: float | None = None,
+) -> Any:
+    """A trainer with its algorithm's default config, but for the options given."""
+    import importlib
+
+    module = importlib.import_module(f"pipeline.trainers.{algorithm}")
+    name = {"ppo": "PPO", "sac": "SAC", "bc": "BC", "marwil": "MARWIL", "cql": "CQL"}[algorithm]
+    options: dict[str, Any] = {"seed": seed}
+    if hidden is not None:
+        options["hidden"] = hidden
+    if lr is not None:
+        options["lr"] = lr
+    config = getattr(module, f"{name}Config")(**options)
+    return getattr(module, name)(observation_space, action_space, config)
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected widths like 64,64, got {text!r}") from None

@@ -1,0 +1,95 @@
+"""A trainer's whole state as flat numpy arrays, so resuming needs no pickle.
+
+``torch.save`` pickles, and ``torch.load`` of an untrusted file can run code; a trainer's state is
+instead a ``dict[str, np.ndarray]``: module parameters under ``{name}.{parameter}``, each Adam
+moment under ``{name}.state.{index}.{key}``, the optimizer's hyperparameters as JSON bytes under
+``{name}.param_groups``. It is written with ``np.savez`` and read with ``allow_pickle=False``
+(safetensors would do the same job; it is not a dependency, and plain ``.npz`` is enough).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.errors import DatasetError
+from pipeline.wal import fsync_path
+
+STATE_FILE = "trainer-state.npz"
+
+
+def module_arrays(name: str, module: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {
+        f"{name}.{key}": value.detach().cpu().numpy().copy()
+        for key, value in module.state_dict().items()
+    }
+
+
+def load_module(name: str, module: torch.nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    prefix = f"{name}."
+    tensors = {
+        key[len(prefix) :]: torch.as_tensor(value)
+        for key, value in arrays.items()
+        if key.startswith(prefix)
+    }
+    module.load_state_dict(tensors)
+
+
+def optimizer_arrays(name: str, optimizer: torch.optim.Optimizer) -> dict[str, np.ndarray]:
+    state = optimizer.state_dict()
+    arrays = {f"{name}.param_groups": _json_bytes(state["param_groups"])}
+    for index, entries in state["state"].items():
+        for key, value in entries.items():
+            arrays[f"{name}.state.{index}.{key}"] = torch.as_tensor(value).cpu().numpy().copy()
+    return arrays
+
+
+def load_optimizer(
+    name: str, optimizer: torch.optim.Optimizer, arrays: dict[str, np.ndarray]
+) -> None:
+    groups = json.loads(arrays[f"{name}.param_groups"].tobytes().decode())
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    prefix = f"{name}.state."
+    for key, value in arrays.items():
+        if key.startswith(prefix):
+            index, entry = key[len(prefix) :].split(".", 1)
+            state.setdefault(int(index), {})[entry] = torch.as_tensor(value)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def save_state(directory: str | Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Write ``directory/trainer-state.npz`` atomically (temporary dot-name, fsync, rename)."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / STATE_FILE
+    fd, tmp = tempfile.mkstemp(prefix=".trainer-state-", suffix=".npz", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            savez: Any = np.savez  # numpy's stub would take an array for allow_pickle
+            savez(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+        fsync_path(folder)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load_state(path: str | Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (OSError, ValueError) as error:
+        raise DatasetError(f"{path}: unreadable trainer state ({error!r})") from None
+
+
+def _json_bytes(value: object) -> np.ndarray:
+    return np.frombuffer(json.dumps(value).encode(), dtype=np.uint8).copy()

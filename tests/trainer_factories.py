@@ -1,0 +1,118 @@
+"""Datasets and checks for the trainer tests: tasks small enough to learn in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from pipeline import DatasetWriter, InputReader
+from pipeline.batch import Batch
+from pipeline.trainers.buffer import concat
+
+
+def balance(observation: np.ndarray) -> int:
+    """A scripted CartPole controller that holds the pole for the full 500 steps."""
+    return int(observation[2] + 0.5 * observation[3] > 0)
+
+
+def scripted_cartpole(path: Path, steps: int, epsilon: float, seed: int = 0) -> Path:
+    """CartPole rows from the scripted controller, taking a random action with prob. epsilon.
+
+    Episodes are cut at 200 steps by gymnasium's TimeLimit, so the data holds truncations.
+    """
+    env = gym.make("CartPole-v1", max_episode_steps=200)
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    observation, _ = env.reset(seed=seed)
+    episode, t = 0, 0
+    for _ in range(steps):
+        action = int(rng.integers(2)) if rng.random() < epsilon else balance(observation)
+        next_observation, reward, terminated, truncated, _ = env.step(action)
+        rows.append({"episode_id": f"e{episode}", "t": t, "observation": observation,
+                     "action": action, "reward": float(reward),
+                     "next_observation": next_observation, "terminated": terminated,
+                     "truncated": truncated})  # fmt: skip
+        observation, t = next_observation, t + 1
+        if terminated or truncated or len(rows) == steps:
+            rows[-1]["truncated"] = rows[-1]["truncated"] or not terminated
+            observation, _ = env.reset()
+            episode, t = episode + 1, 0
+    with DatasetWriter(path, env.observation_space, env.action_space, env_id="CartPole-v1") as w:
+        w.append_rows(rows)
+    env.close()
+    return path
+
+
+def bandit(path: Path, steps: int, discrete: bool, seed: int = 0, expert: bool = False) -> Path:
+    """One-step episodes with observation s in [-1, 1]; logged actions random, or near the best
+    when ``expert``.
+
+    Box actions: reward -(a - s)^2, best a = s. Discrete(2): reward 1 when a == (s > 0).
+    """
+    rng = np.random.default_rng(seed)
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    s = rng.uniform(-1, 1, (steps, 1)).astype(np.float32)
+    if discrete:
+        action_space: gym.Space[Any] = gym.spaces.Discrete(2)
+        actions: np.ndarray = rng.integers(2, size=steps)
+        if expert:
+            actions = (s[:, 0] > 0).astype(np.int64)
+        rewards = (actions == (s[:, 0] > 0)).astype(np.float64)
+    else:
+        action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        actions = rng.uniform(-1, 1, (steps, 1)).astype(np.float32)
+        if expert:
+            actions = np.clip(s + 0.1 * rng.standard_normal((steps, 1)), -1, 1).astype(np.float32)
+        rewards = -((actions - s) ** 2)[:, 0].astype(np.float64)
+    with DatasetWriter(path, observation_space, action_space) as writer:
+        writer.append({
+            "episode_id": [f"e{i}" for i in range(steps)], "t": np.zeros(steps, np.int64),
+            "observation": s, "action": actions, "reward": rewards,
+            "next_observation": s, "terminated": np.ones(steps, bool),
+            "truncated": np.zeros(steps, bool),
+        })  # fmt: skip
+    return path
+
+
+def bandit_reward(actions: np.ndarray, s: np.ndarray, discrete: bool) -> float:
+    if discrete:
+        return float((actions == (s[:, 0] > 0)).mean())
+    return float(-((actions.reshape(-1, 1) - s) ** 2).mean())
+
+
+def read_all(path: Path) -> Batch:
+    """The whole dataset as one Batch of whole episodes in t order."""
+    return concat(InputReader(path, episodes=True))
+
+
+def rllib_cartpole(source: Path, path: Path) -> Path:
+    """RLlib's recorded CartPole Parquet (old API: ``dones``, 200-step episodes) as a dataset.
+
+    RLlib's ``dones`` mixes both endings: a done at the 200-step limit is a truncation, any
+    earlier one a termination.
+    """
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(source, format="parquet").to_table()
+    episode_ids = table["eps_id"].to_numpy()
+    dones = table["dones"].to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.append(True, episode_ids[1:] != episode_ids[:-1]))
+    t = np.arange(len(episode_ids)) - np.repeat(starts, np.diff(np.append(starts, len(dones))))
+    last = np.append(episode_ids[1:] != episode_ids[:-1], True)
+    terminated = dones & (t < 199)
+    truncated = (dones & (t >= 199)) | (last & ~dones)
+    observations = np.stack(table["obs"].to_numpy(zero_copy_only=False)).astype(np.float32)
+    next_observations = np.stack(table["new_obs"].to_numpy(zero_copy_only=False)).astype(np.float32)
+    env = gym.make("CartPole-v1")
+    with DatasetWriter(path, env.observation_space, env.action_space, env_id="CartPole-v1") as w:
+        w.append({
+            "episode_id": episode_ids.astype(str), "t": t, "observation": observations,
+            "action": table["actions"].to_numpy(), "reward": table["rewards"].to_numpy(),
+            "next_observation": next_observations, "terminated": terminated,
+            "truncated": truncated, "action_logp": table["action_logp"].to_numpy(),
+        })  # fmt: skip
+    env.close()
+    return path
