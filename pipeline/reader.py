@@ -340,10 +340,10 @@ class InputReader:
             if chunk is not None and part.count > 1:
                 chunk = chunk.filter(discovery.owned_rows(chunk.column("episode_id"), part))
             if chunk is not None and chunk.num_rows:
-                for episode in assembler.add(chunk):
-                    yield self._device(self.to_batch(episode))
+                for episode in assembler.add(self.to_batch(chunk)):
+                    yield self._device(episode)
         for episode in assembler.remaining():
-            yield self._device(self.to_batch(episode))
+            yield self._device(episode)
 
 
 def build_filter(config: ReaderConfig) -> ds.Expression | None:
