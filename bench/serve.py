@@ -3,8 +3,9 @@
 Every client is its own process (as simulators are), all starting together and running for the
 same number of seconds against one ``rlpipe serve`` (waitress) process. Baselines, measured in the
 same run: a bare Flask route answering empty JSON on the same WSGI server, hit by as many client
-processes (the ceiling for one round trip per step); and, for reference, RLlib's figures on this
-machine quoted by the issue (193 remote steps/s with 8 clients, 4.7 ms p50 get_action).
+processes (the ceiling for one round trip per step; ratios are to it), and a bare WSGI function
+(the ceiling without a framework); and, for reference, RLlib's figures on this machine quoted by
+the issue (193 remote steps/s with 8 clients, 4.7 ms p50 get_action).
 Run: ``python bench/serve.py [--seconds S]``.
 """
 
@@ -72,9 +73,10 @@ def worker_vector(
     url: str, seconds: float, start_at: float, seed: int, envs: int
 ) -> dict[str, Any]:
     import gymnasium as gym
-    import requests
 
-    session = requests.Session()
+    from pipeline.transport import Http
+
+    http = Http(url, None, 30.0, None)
     sims = [gym.make("CartPole-v1") for _ in range(envs)]
     ids = [f"w{seed}-{i}-0" for i in range(envs)]
     observations = [sim.reset(seed=seed * 100 + i)[0] for i, sim in enumerate(sims)]
@@ -86,8 +88,7 @@ def worker_vector(
     _wait(start_at)
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
-        answer = session.post(url + "/v1/actions", json={"episodes": entries}, timeout=30)
-        answer.raise_for_status()
+        answer = http.call("POST", "/v1/actions", json={"episodes": entries})
         actions = {e["episode_id"]: e.get("action") for e in answer.json()["episodes"]}
         next_entries = []
         for i, sim in enumerate(sims):
@@ -133,10 +134,10 @@ def worker_local(url: str, seconds: float, start_at: float, seed: int) -> dict[s
 
 def worker_ingest(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
     import pyarrow as pa
-    import requests
     from common import cartpole_columns, cartpole_spaces
 
     from pipeline.schema import step_schema, steps_from_columns
+    from pipeline.transport import Http
 
     observation_space, action_space = cartpole_spaces()
     columns = cartpole_columns(100_000, seed=seed)
@@ -146,40 +147,51 @@ def worker_ingest(url: str, seconds: float, start_at: float, seed: int) -> dict[
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
     body = sink.getvalue()
-    session = requests.Session()
+    http = Http(url, None, 60.0, None)
     steps, seq = 0, 0
     _wait(start_at)
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
         headers = {"Content-Type": "application/vnd.apache.arrow.stream",
                    "X-Rlpipe-Client": f"ingest-{seed}", "X-Rlpipe-Upload": str(seq)}  # fmt: skip
-        session.post(url + "/v1/uploads", data=body, headers=headers, timeout=60).raise_for_status()
+        http.call("POST", "/v1/uploads", data=body, headers=headers)
         steps, seq = steps + batch.num_rows, seq + 1
     return {"steps": steps, "seconds": time.perf_counter() - began}
 
 
 def worker_bare(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
-    import requests
+    from pipeline.transport import Http
 
-    session = requests.Session()
+    http = Http(url, None, 10.0, None)  # the client transport PolicyClient uses
     latencies = []
     _wait(start_at)
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
         sent = time.perf_counter()
-        session.post(url + "/step", json={"observation": [0.0, 0.0, 0.0, 0.0]}, timeout=10)
+        http.call("POST", "/step", json={"observation": [0.0, 0.0, 0.0, 0.0]}).json()
         latencies.append(time.perf_counter() - sent)
     return {"steps": len(latencies), "seconds": time.perf_counter() - began,
             "latencies": latencies}  # fmt: skip
 
 
-def bare_server(port: int) -> None:
+def bare_server(port: int, kind: str) -> None:
+    """A route answering empty JSON on waitress with ``rlpipe serve``'s settings: through
+    Flask (``kind="flask"``), or a plain WSGI function reading the body as the fast path does."""
     from flask import Flask, jsonify
     from waitress import serve
 
+    from server.command import _TUNING
+
     app = Flask("bare")
     app.add_url_rule("/step", "step", lambda: jsonify({}), methods=["POST"])
-    serve(app, host="127.0.0.1", port=port, threads=8, _quiet=True)
+
+    def plain(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        json.loads(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)) or b"{}")
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", "2")])
+        return [b"{}"]
+
+    serve(app if kind == "flask" else plain, host="127.0.0.1", port=port, threads=8,
+          _quiet=True, **_TUNING)  # fmt: skip
 
 
 WORKERS = {"remote": worker_remote, "vector": worker_vector, "local": worker_local,
@@ -213,7 +225,7 @@ def _wait_up(url: str, process: subprocess.Popen[bytes]) -> None:
 
 def _phase(kind: str, url: str, clients: int, seconds: float, **extra: Any) -> dict[str, Any]:
     """Run ``clients`` worker processes together; total steps/s and pooled latencies."""
-    start_at = time.time() + 1.5 + 0.5 * clients
+    start_at = time.time() + 1.0 + 0.4 * clients  # every worker imported and connected by then
     args = [f"--{k}={v}" for k, v in extra.items()]
     processes = [
         subprocess.Popen([sys.executable, __file__, "--worker", kind, "--url", url,
@@ -251,16 +263,17 @@ def _checkpoint(data: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
+    parser.add_argument("--seconds", type=float, default=2.5, help="per measurement")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--bare-kind", default="flask", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--envs", type=int, default=16, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare_server:
-        bare_server(args.bare_server)
+        bare_server(args.bare_server, args.bare_kind)
         return
     if args.worker:
         extra = {"envs": args.envs} if args.worker == "vector" else {}
@@ -282,17 +295,17 @@ def run(seconds: float) -> None:
             [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data), "--env",
              "CartPole-v1", "--port", str(port)], cwd=ROOT, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        bare_port = _free_port()
-        bare = subprocess.Popen([sys.executable, __file__, "--bare-server", str(bare_port)],
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+        bare_ports = {kind: _free_port() for kind in ("flask", "wsgi")}
+        bares = [
+            subprocess.Popen([sys.executable, __file__, "--bare-server", str(bare_port),
+                              "--bare-kind", kind], stderr=subprocess.DEVNULL)
+            for kind, bare_port in bare_ports.items()
+        ]  # fmt: skip
         try:
             _wait_up(url + "/v1/health", server)
-            _wait_up(f"http://127.0.0.1:{bare_port}/", bare)
-            bare_url = f"http://127.0.0.1:{bare_port}"
-            bare_p50 = _phase("bare", bare_url, 1, seconds)["p50_ms"]
-            baseline = _phase("bare", bare_url, 8, seconds)["steps_per_s"]
-            print(f"baseline: bare Flask route on waitress: {baseline:,.0f} requests/s with 8 "
-                  f"clients, p50 {bare_p50:.2f} ms with 1")  # fmt: skip
+            for bare_port, bare in zip(bare_ports.values(), bares, strict=True):
+                _wait_up(f"http://127.0.0.1:{bare_port}/", bare)
+            baseline, bare_p50 = _baselines(bare_ports, seconds)
             figures.update(_remote(url, seconds, baseline, bare_p50))
             vector = _phase("vector", url, 8, seconds, envs=16)["steps_per_s"]
             print(f"remote 8x16 (batch form): {vector:,.0f} steps/s "
@@ -309,7 +322,7 @@ def run(seconds: float) -> None:
             )
             figures["ingest_steps_per_s"] = ingest
         finally:
-            for process in (server, bare):
+            for process in (server, *bares):
                 process.terminate()
                 process.wait(30)
     for key, value in figures.items():
@@ -323,6 +336,19 @@ def run(seconds: float) -> None:
         )
         print(f"{key}: {value:,.2f} ({ratio:.2f}x the issue's bar{versus})")  # fmt: skip
     report(figures)
+
+
+def _baselines(ports: dict[str, int], seconds: float) -> tuple[float, float]:
+    """Requests/s with 8 clients and p50 with 1, of the bare Flask route (the issue's
+    reference) and of a bare WSGI function (what a route costs without a framework)."""
+    measured = {}
+    for kind, port in ports.items():
+        bare_url = f"http://127.0.0.1:{port}"
+        p50 = _phase("bare", bare_url, 1, seconds)["p50_ms"]
+        measured[kind] = (_phase("bare", bare_url, 8, seconds)["steps_per_s"], p50)
+        print(f"baseline: bare {kind} route on waitress: {measured[kind][0]:,.0f} requests/s "
+              f"with 8 clients, p50 {p50:.2f} ms with 1")  # fmt: skip
+    return measured["flask"]
 
 
 def _remote(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[str, float]:

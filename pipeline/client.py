@@ -7,7 +7,8 @@ changed. Two modes, as in RLlib:
   :meth:`log_returns` ride on the next request instead of making their own.
 - ``"local"``: the client runs the policy itself (numpy, with weights it pulls every
   ``update_interval`` seconds) and uploads steps in numbered batches from a background thread,
-  through a spool directory, so a server that blinks costs neither waiting nor data.
+  spooling them to disk while the server cannot take them, so a server that blinks costs
+  neither waiting nor data (:mod:`pipeline.spool` says exactly what survives what).
 
 Importing this module imports neither torch nor Flask.
 """
@@ -29,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import requests
 
-from pipeline import layout, schema, spaces
+from pipeline import codec, layout, schema
 from pipeline.errors import ConfigError, SchemaError
 from pipeline.policy import NumpyPolicy, load_checkpoint
 from pipeline.recorder import Episode, Pending
@@ -180,7 +181,7 @@ class PolicyClient:
             return
         episode = self._local_episode(episode_id)
         observations = self._observations(observation)
-        spaces.to_arrow_rows(self._space()[0], list(observations.values()), field="observation")
+        self._observation_batch(list(observations.values()))  # refuse a bad one at the call
         terminated = {agent_id: not truncated for agent_id in observations}
         rows = episode.complete(observations, {}, {}, terminated, truncated=truncated)
         seen = {row["agent_id"] for row in rows}
@@ -220,9 +221,11 @@ class PolicyClient:
     def close(self, timeout_s: float = 30.0) -> bool:
         """Deliver what can be delivered, then stop; undelivered batches stay in the spool."""
         if self._uploader is None:
+            self._http.close()
             return True
         delivered = self._uploader.close(timeout_s)
         shutil.rmtree(self._weights_dir, ignore_errors=True)
+        self._http.close()
         return delivered
 
     def __enter__(self) -> PolicyClient:
@@ -275,17 +278,17 @@ class PolicyClient:
         episode = self._local_episode(episode_id)
         observations = self._observations(observation)
         keyed = isinstance(observation, Mapping) and self._multiagent(observation)
-        column = spaces.to_arrow_rows(self._space()[0], list(observations.values()),
-                                      field="observation")  # fmt: skip
+        batch = self._observation_batch(list(observations.values()))
         acting = [a for a in observations if not episode.agent(a).terminated]
         if action is None:
             if len(acting) < len(observations):
-                column = column.take([list(observations).index(a) for a in acting])
-            chosen = self._act(column)
+                keep = [list(observations).index(a) for a in acting]
+                batch = batch[keep] if isinstance(batch, np.ndarray) else batch.take(keep)
+            chosen = self._act(batch)
             pending = {a: Pending(observations[a], *chosen[i]) for i, a in enumerate(acting)}
         else:
             given = action if keyed else {_AGENT: action}
-            spaces.to_arrow_rows(self._space()[1], [given[a] for a in acting], field="action")
+            codec.to_arrow_rows(self._space()[1], [given[a] for a in acting], field="action")
             pending = {a: Pending(observations[a], given[a], None, None) for a in acting}
         rows = episode.complete(observations, {}, {}, {})
         episode.commit(rows, pending)
@@ -296,19 +299,41 @@ class PolicyClient:
         out = {a: p.action for a, p in pending.items()}
         return out if keyed else out.get(_AGENT)
 
-    def _act(self, column: pa.Array) -> list[tuple[Any, float | None, int | None]]:
-        n = len(column)
+    def _observation_batch(self, values: list[Any]) -> np.ndarray | pa.Array:
+        """The observations checked against the space: a numpy batch for a float Box (the
+        common case, checked in a few microseconds), else an Arrow column.
+
+        Raises:
+            SchemaError: as the server would answer 400, naming the field.
+        """
+        space = self._space()[0]
+        if isinstance(space, gym.spaces.Box) and space.dtype.kind == "f":
+            try:
+                batch = np.asarray(values)
+            except (ValueError, TypeError):
+                batch = None
+            if batch is not None and batch.dtype.kind in "iuf" and batch.shape[1:] == space.shape:
+                with np.errstate(over="ignore"):
+                    batch = batch.astype(space.dtype, copy=False)
+                if np.isfinite(batch).all():
+                    return batch
+        return codec.to_arrow_rows(space, values, field="observation")
+
+    def _act(self, batch: np.ndarray | pa.Array) -> list[tuple[Any, float | None, int | None]]:
+        n = len(batch)
         observation_space = self._space()[0]
         policy = self._policy
         if policy is None:
             return [(self._random_action(), None, None) for _ in range(n)]
-        actions, logp = policy.act(spaces.from_arrow(observation_space, column), self._rng)
+        if isinstance(batch, pa.Array):
+            batch = codec.from_arrow(observation_space, batch)
+        actions, logp = policy.act(batch, self._rng)
         return [(row_of(actions, i), float(logp[i]), policy.version) for i in range(n)]
 
     def _random_action(self) -> Any:
         """Uniform actions, drawn a thousand at a time (a draw per step costs more than a step)."""
         if not self._random:
-            batch = spaces.sample_batch(self._space()[1], 1000, int(self._rng.integers(2**63)))
+            batch = codec.sample_batch(self._space()[1], 1000, int(self._rng.integers(2**63)))
             self._random = [row_of(batch, i) for i in range(1000)]
         return self._random.pop()
 
@@ -387,6 +412,8 @@ def _check_rewards(rewards: Mapping[str, Any], info: Any) -> None:
         ):  # fmt: skip
             name = "reward" if agent_id == _AGENT else f"reward.{agent_id}"
             raise SchemaError.single(name, "a finite number", repr(reward))
+    if info is None:
+        return
     try:
         json.dumps(jsonable(info), allow_nan=False)
     except (TypeError, ValueError) as error:

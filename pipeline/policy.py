@@ -22,7 +22,7 @@ from typing import Any, cast
 import gymnasium as gym
 import numpy as np
 
-from pipeline import spaces
+from pipeline import flattening, spaces
 from pipeline.errors import ConfigError, DatasetError
 from pipeline.wal import fsync_path
 
@@ -65,7 +65,7 @@ class ModelSpec:
 
     @property
     def action_dim(self) -> int:
-        return spaces.flatdim(self.action_space)
+        return flattening.flatdim(self.action_space)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -170,7 +170,7 @@ class NumpyPolicy:
 
     def forward(self, observations: Any) -> np.ndarray:
         """The output layer's raw values for a batch of observations."""
-        x = spaces.flatten_batch(self.spec.observation_space, observations)
+        x = flattening.flatten_batch(self.spec.observation_space, observations)
         for weight, bias in self._layers[:-1]:
             x = self._activation(x @ weight + bias)
         weight, bias = self._layers[-1]

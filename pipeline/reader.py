@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipeline import discovery, layout, schema, spaces
+from pipeline import codec, discovery, layout, schema
 from pipeline.batch import COLUMN_OF_FIELD, FIELD_OF_COLUMN, Batch
 from pipeline.episodes import EpisodeAssembler
 from pipeline.errors import ConfigError, DatasetError
@@ -187,9 +187,9 @@ class InputReader:
                 continue
             column = data.column(name)
             if name in ("observation", "next_observation"):
-                value = spaces.from_arrow(self.observation_space, column)
+                value = codec.from_arrow(self.observation_space, column)
             elif name == "action":
-                value = spaces.from_arrow(self.action_space, column)
+                value = codec.from_arrow(self.action_space, column)
             else:
                 value = _to_numpy(column)
             fields[FIELD_OF_COLUMN[name]] = value

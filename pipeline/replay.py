@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,8 @@ def replay_episode(
         output = _draw_or_explain(episode, manifest, render, "the dataset names no env")
         return ReplayResult(episode_id, None, seed, steps, 0, None, output)
     try:
+        # frames go to an array, never a screen: keep SDL from looking for a display
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         env = gym.make(manifest.env_id, render_mode="rgb_array" if render else None)
     except (gym.error.Error, ImportError) as error:
         output = _draw_or_explain(episode, manifest, render, f"{manifest.env_id!r}: {error}")
@@ -353,10 +356,10 @@ def draw_trajectory(episode: Any, manifest: Any, out: Path) -> str:
         from matplotlib.figure import Figure
     except ModuleNotFoundError:
         raise RlpipeError("drawing a trajectory needs matplotlib: pip install matplotlib") from None
-    from pipeline import spaces
+    from pipeline import flattening
 
-    observations = spaces.flatten_batch(manifest.observation_space, episode.observations)
-    actions = spaces.flatten_batch(manifest.action_space, episode.actions)
+    observations = flattening.flatten_batch(manifest.observation_space, episode.observations)
+    actions = flattening.flatten_batch(manifest.action_space, episode.actions)
     figure = Figure(figsize=(8, 8), dpi=100)
     top, middle, bottom = figure.subplots(3, 1, sharex=True)
     top.plot(observations)

@@ -1,11 +1,19 @@
 """Local-inference uploads: steps buffered in memory, sent in numbered batches, spooled to disk
 while the server cannot take them.
 
-A batch is one Arrow IPC stream (the exact body of ``POST /v1/uploads``), numbered when it is made.
-If the server is unreachable or answers 503, the batch is written to the spool directory (dot-tmp,
-fsync, rename, so a crash never leaves half a file) and retried later, oldest first, under its own
-client id and number; the server stores each (client, number) once, so a batch that was stored but
-whose answer was lost is not stored twice. A simulator never waits for the server.
+A batch is one Arrow IPC stream (the exact body of ``POST /v1/uploads``), numbered when it is made
+and sent straight from memory. Only if the server does not take it (no answer, 503, a refusal) is
+it written to the spool directory (dot-tmp, fsync, rename, so a crash never leaves half a file),
+and retried later, oldest first, under its own client id and number; the server stores each
+(client, number) once, so a batch that was stored but whose answer was lost is not stored twice.
+A simulator never waits for the server.
+
+What this guarantees: a batch the server acknowledged is durable on the server; one it did not
+is never dropped while the client lives, and once spooled it survives a crash of the client too
+(a later client on the same spool delivers it). Rows not yet uploaded (at most ``interval_s``
+or ``max_rows`` of them, plus the batch in flight) live in memory only, and a crash of the
+client process loses them. Writing every batch to disk first, with an fsync each, would narrow
+that window only by the send, and cost a disk flush per batch even when the server is healthy.
 """
 
 from __future__ import annotations
@@ -144,7 +152,10 @@ class Uploader:
                     self._idle.notify_all()
 
     def _cycle(self) -> None:
-        self._spill()
+        fresh = self._number()
+        if time.monotonic() < self._not_before or self._spool.pending():
+            self._put(fresh)  # behind what already waits, and not before the server is ready
+            fresh = []
         if time.monotonic() < self._not_before:
             return
         for path, client_id, seq, table in self._spool.pending():
@@ -158,18 +169,35 @@ class Uploader:
                 return
             path.unlink(missing_ok=True)
             self.uploaded += 1
+        for index, (seq, table, body) in enumerate(fresh):
+            try:
+                wait = self._send(self.client_id, seq, table, body)
+            except BaseException:
+                self._put(fresh[index:])  # a refused batch is kept, not dropped
+                raise
+            if wait is not None:
+                self._not_before = time.monotonic() + wait
+                self._put(fresh[index:])
+                return
+            self.uploaded += 1
 
     def _spill(self) -> None:
-        """Turn buffered rows into numbered batches on disk; sending reads them back from there.
+        """Whatever is buffered goes to disk, to be sent by this client or a later one."""
+        self._put(self._number())
 
-        Writing first and sending second costs one small file per batch, and buys the rule that
-        a batch has one number for life, whichever client instance finally delivers it.
-        """
+    def _number(self) -> list[tuple[int, str, bytes]]:
+        """Turn buffered rows into numbered batches: a batch keeps its number for life,
+        whether it is sent from memory now or from the spool by a later client instance."""
         with self._lock:
             taken = {name: rows for name, rows in self._rows.items() if rows}
             self._rows = {"steps": [], "episodes": []}
+        batches: list[tuple[int, str, bytes]] = []
         for table in ("steps", "episodes"):
             if table in taken:
-                body = to_ipc(self._build(table, taken[table]))
-                self._spool.put(self.client_id, self._seq, table, body)
+                batches.append((self._seq, table, to_ipc(self._build(table, taken[table]))))
                 self._seq += 1
+        return batches
+
+    def _put(self, batches: list[tuple[int, str, bytes]]) -> None:
+        for seq, table, body in batches:
+            self._spool.put(self.client_id, seq, table, body)

@@ -6,9 +6,15 @@ Importing this imports neither torch nor Flask.
 
 from __future__ import annotations
 
+import http.client
+import json as _json
+import socket
+import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import gymnasium as gym
 import numpy as np
@@ -61,26 +67,70 @@ def base_url(address: str) -> str:
     return text if "://" in text else f"http://{text}"
 
 
+class Reply:
+    """An answer: the parts of ``requests.Response`` the client reads, whichever sent it."""
+
+    def __init__(self, status_code: int, headers: Any, content: bytes, reason: str) -> None:
+        self.status_code = status_code
+        self.headers = headers  # case-insensitive either way (HTTPMessage, CaseInsensitiveDict)
+        self.content = content
+        self.reason = reason
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return _json.loads(self.content)
+
+
+class _NoAnswer(Exception):
+    """The connection failed or timed out: the server may be down, so the call may retry."""
+
+
 class Http:
-    """Requests with a timeout each, 503 Retry-After honoured, and typed errors."""
+    """Requests with a timeout each, 503 Retry-After honoured, and typed errors.
+
+    Without a ``session`` it keeps one keep-alive ``http.client`` connection per thread: a step
+    of remote inference is one small request, and ``requests`` spends 0.3-0.5 ms of CPU on
+    each (more than the server's work), on machines where the simulator shares the CPU.
+    With a ``session`` (proxies, certificates, adapters) every request goes through it.
+    """
 
     def __init__(self, address: str, session: requests.Session | None, timeout: float,
                  token: str | None) -> None:  # fmt: skip
         self.url = base_url(address)
-        self.session = session or requests.Session()
+        self.session = session
         self.timeout = timeout
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        parts = urlsplit(self.url)
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname or "localhost", parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._netloc = parts.netloc.rpartition("@")[2]
+        self._local = threading.local()
+        self._open: set[http.client.HTTPConnection] = set()  # every thread's, to close them all
+        weakref.finalize(self, _close_all, self._open)
 
-    def call(self, method: str, path: str, patience_s: float | None = None,
-             **kwargs: Any) -> requests.Response:  # fmt: skip
+    def close(self) -> None:
+        """Close the keep-alive connections of every thread (a later call opens new ones)."""
+        _close_all(self._open)
+
+    def call(self, method: str, path: str, patience_s: float | None = None, *,
+             json: Any = None, data: bytes | None = None, params: Mapping[str, Any] | None = None,
+             headers: Mapping[str, str] | None = None) -> Reply:  # fmt: skip
         """One request, retried on no answer and on 503 until ``patience_s`` (default timeout)."""
         deadline = time.monotonic() + (self.timeout if patience_s is None else patience_s)
-        headers = {**self.headers, **kwargs.pop("headers", {})}
+        sent = {**self.headers, **(headers or {})}
+        if json is not None:
+            data = _json.dumps(json, separators=(",", ":")).encode()  # NaN: the server says 400
+            sent["Content-Type"] = "application/json"
+        if params:
+            path += "?" + urlencode(params)
         while True:
             try:
-                response = self.session.request(method, self.url + path, headers=headers,
-                                                timeout=self.timeout, **kwargs)  # fmt: skip
-            except (requests.ConnectionError, requests.Timeout) as error:
+                response = self._send(method, path, data, sent)
+            except _NoAnswer as error:
                 if time.monotonic() + 0.1 >= deadline:
                     raise ServerUnavailable(None, f"{self.url}: {error}") from None
                 time.sleep(0.1)
@@ -94,15 +144,91 @@ class Http:
                 raise _error(response)
             return response
 
+    def _send(self, method: str, path: str, body: bytes | None,
+              headers: dict[str, str]) -> Reply:  # fmt: skip
+        if self.session is not None:
+            try:
+                answer = self.session.request(method, self.url + path, data=body,
+                                              headers=headers, timeout=self.timeout)  # fmt: skip
+            except (requests.ConnectionError, requests.Timeout) as error:
+                raise _NoAnswer(str(error)) from None
+            return Reply(answer.status_code, answer.headers, answer.content, answer.reason)
+        reused = getattr(self._local, "connection", None) is not None
+        try:
+            return self._exchange(method, path, body, headers)
+        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+            if not reused:  # a fresh connection failed: the server is not there
+                raise _NoAnswer("connection refused or reset") from None
+        except (OSError, http.client.HTTPException) as error:
+            raise _NoAnswer(str(error) or type(error).__name__) from None
+        try:  # the server closed an idle keep-alive connection: once more on a new one
+            return self._exchange(method, path, body, headers)
+        except (OSError, http.client.HTTPException) as error:
+            raise _NoAnswer(str(error) or type(error).__name__) from None
 
-def _retry_after(response: requests.Response) -> float:
+    def _exchange(self, method: str, path: str, body: bytes | None,
+                  headers: dict[str, str]) -> Reply:  # fmt: skip
+        connection = self._connection()
+        try:
+            # one send for the head and the body: two would cost the server a second wakeup
+            sock = connection.sock
+            if sock is None:
+                raise _NoAnswer("not connected")
+            sock.sendall(self._head(method, path, body, headers) + (body or b""))
+            response = http.client.HTTPResponse(sock, method=method)
+            response.begin()
+            content = response.read()
+        except BaseException:
+            self._drop()
+            raise
+        if response.will_close:
+            self._drop()
+        return Reply(response.status, response.headers, content, response.reason)
+
+    def _head(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> bytes:
+        lines = [f"{method} {self._prefix}{path} HTTP/1.1", f"Host: {self._netloc}"]
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        for name, value in headers.items():
+            if any(c in f"{name}{value}" for c in "\r\n\0"):
+                raise ValueError(f"header {name!r}: line breaks are not allowed in headers")
+            lines.append(f"{name}: {value}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def _connection(self) -> http.client.HTTPConnection:
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is None or connection.sock is None:  # none yet, or closed by close()
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            connection = kind(self._host, self._port, timeout=self.timeout)
+            connection.connect()
+            if connection.sock is not None:  # small requests must not wait for Nagle
+                connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._local.connection = connection
+            self._open.add(connection)
+        return connection
+
+    def _drop(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        self._local.connection = None
+        if connection is not None:
+            self._open.discard(connection)
+            connection.close()
+
+
+def _close_all(connections: set[http.client.HTTPConnection]) -> None:
+    for connection in list(connections):
+        connections.discard(connection)
+        connection.close()
+
+
+def _retry_after(response: Reply) -> float:
     try:
         return max(0.0, float(response.headers.get("Retry-After", "1")))
     except ValueError:
         return 1.0
 
 
-def _error(response: requests.Response) -> ServerError:
+def _error(response: Reply) -> ServerError:
     try:
         message = str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):

@@ -78,6 +78,16 @@ class WriterConfig:
 SYNC_MODES = ("always", "background")
 
 
+def _as_batch(data: Columns) -> pa.RecordBatch | None:
+    """One Arrow batch of ``data`` when it is Arrow already (a table's chunks combined)."""
+    if isinstance(data, pa.RecordBatch):
+        return data
+    if isinstance(data, pa.Table):
+        batches = data.combine_chunks().to_batches() if data.num_rows else []
+        return batches[0] if len(batches) == 1 else None
+    return None
+
+
 class _Table:
     """One table's open log segment and what rolls it."""
 
@@ -163,34 +173,60 @@ class DatasetWriter:
         """Rolled shards waiting to be written; the server answers 503 when this is full."""
         return self._pending.qsize()
 
-    def append(self, steps: Columns) -> int:
+    def append(self, steps: Columns, *, validated: bool = False) -> int:
         """Validate ``steps`` and make them durable; returns how many rows were acknowledged.
 
         ``steps`` is a mapping of column name to per-row values (numpy arrays, lists), or an Arrow
         batch or table. Optional columns (agent_id, action_logp, policy_version, training_enabled,
         info, client_id, logged_at) take their defaults when absent.
 
+        An Arrow batch or table with exactly the step schema takes a fast path: columnar checks
+        without copies (:func:`~pipeline.schema.checked_step_batch`). With ``validated=True`` the
+        caller promises it validated the values itself (the server: every observation and
+        action came through ``codec.to_arrow``); then only the schema, nulls and finite floats
+        are checked. Anything the fast path doubts goes through the full validation, whose
+        error names the row and field.
+
         Raises:
             SchemaError: naming every bad row and field; nothing of this call is written.
         """
         manifest = self.manifest
-        batch = self._to_batch(
-            steps,
-            lambda columns: schema.steps_from_columns(
-                self.step_schema, columns, manifest.observation_space, manifest.action_space
-            ),
-        )
+        batch = _as_batch(steps)
+        if batch is not None and validated:
+            batch = schema.validated_batch(batch, self.step_schema)
+        elif batch is not None:  # the fast path: already a step batch, checked without copies
+            batch = schema.checked_step_batch(
+                batch, self.step_schema, manifest.observation_space, manifest.action_space
+            )
+        if batch is None:
+            batch = self._to_batch(
+                steps,
+                lambda columns: schema.steps_from_columns(
+                    self.step_schema, columns, manifest.observation_space, manifest.action_space
+                ),
+            )
         return self._append(self._tables[layout.STEPS], batch)
 
     def append_rows(self, rows: Sequence[Mapping[str, Any]]) -> int:
         """Per-row form of :meth:`append`; problems name the row's index in ``rows``."""
         return self.append(schema.rows_to_columns(rows))
 
-    def append_episodes(self, episodes: Columns | Sequence[Mapping[str, Any]]) -> int:
-        """Record ended episodes (one row each) in the episodes table."""
-        if isinstance(episodes, Sequence):
-            episodes = schema.rows_to_columns(episodes)
-        batch = self._to_batch(episodes, schema.episodes_from_columns)
+    def append_episodes(
+        self, episodes: Columns | Sequence[Mapping[str, Any]], *, validated: bool = False
+    ) -> int:
+        """Record ended episodes (one row each) in the episodes table.
+
+        ``validated`` as for :meth:`append`.
+        """
+        batch = _as_batch(episodes) if validated and not isinstance(episodes, Sequence) else None
+        if batch is not None:
+            batch = schema.validated_batch(batch, schema.EPISODE_SCHEMA)
+            if batch is not None and not schema.known_end_reasons(batch):
+                batch = None
+        if batch is None:
+            if isinstance(episodes, Sequence):
+                episodes = schema.rows_to_columns(episodes)
+            batch = self._to_batch(episodes, schema.episodes_from_columns)
         return self._append(self._tables[layout.EPISODES], batch)
 
     def flush(self) -> None:

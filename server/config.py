@@ -30,7 +30,11 @@ class ServerConfig:
         max_backlog: rolled shards waiting to be written before the server answers 503.
         retry_after_s: what a 503 asks clients to wait.
         seed: seeds the server's action sampling, so runs can be repeated.
-        writer: the dataset writer's shard rolling.
+        writer: the dataset writer's shard rolling and when an append is acknowledged. The
+            server's default is ``sync="background"``: a 2xx means the rows are written to the
+            log file (they survive a ``kill -9`` of the server), and the log is fsynced every
+            ``sync_interval_s`` (a power cut can lose at most that window). ``sync="always"``
+            fsyncs before every 2xx (1.5-4 ms a request here).
     """
 
     data: Path
@@ -45,7 +49,7 @@ class ServerConfig:
     max_backlog: int = 3
     retry_after_s: int = 1
     seed: int = 0
-    writer: WriterConfig = field(default_factory=WriterConfig)
+    writer: WriterConfig = field(default_factory=lambda: WriterConfig(sync="background"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", Path(self.data))

@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
-from pipeline import spaces
+from pipeline import codec
 from pipeline.errors import DatasetError
 from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint
 from server.combiner import Combiner
@@ -99,7 +99,10 @@ class PolicyRunner:
     def _run(self, batch: list[pa.Array]) -> list[Actions]:
         self.refresh()
         actions, logp, version = self._forward(pa.concat_arrays(batch))
-        values = spaces.to_arrow(self.action_space, actions, field="action").to_pylist()
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            values = np.asarray(actions, np.int64).tolist()  # in range by construction
+        else:  # exactly what the column will hold (and refuses a NaN a bad network made)
+            values = codec.to_arrow(self.action_space, actions, field="action").to_pylist()
         results, start = [], 0
         for observations in batch:
             end = start + len(observations)
@@ -112,7 +115,12 @@ class PolicyRunner:
         policy = self.policy
         if policy is None:
             seed = int(self._rng.integers(2**63))
-            return spaces.sample_batch(self.action_space, n, seed), [None] * n, None
-        batch = spaces.from_arrow(self.observation_space, observations, field="observation")
+            return codec.sample_batch(self.action_space, n, seed), [None] * n, None
+        space = self.observation_space
+        if isinstance(space, gym.spaces.Box) and pa.types.is_fixed_size_list(observations.type):
+            flat = observations.flatten().to_numpy(zero_copy_only=False)  # validated: no nulls
+            batch = flat.reshape((n, *space.shape))
+        else:
+            batch = codec.from_arrow(space, observations, field="observation")
         actions, logp = policy.act(batch, self._rng)
         return actions, [float(x) for x in logp], policy.version

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pyarrow as pa
 
-from pipeline import layout, spaces
+from pipeline import codec, layout, spaces
 from pipeline.errors import SchemaError
 from server.errors import ApiError, bad_request
 
@@ -60,8 +61,13 @@ def parse_step(
     observation_space: gym.Space[Any],
     action_space: gym.Space[Any] | None = None,
     prefix: str = "",
+    checked: pa.Array | None = None,
 ) -> StepInput:
-    """Check one episode's observations, rewards, infos (and actions) against the spaces."""
+    """Check one episode's observations, rewards, infos (and actions) against the spaces.
+
+    ``checked``: the single-agent observation, already validated as a one-row column (the
+    batch form checks all its episodes' observations in one pass).
+    """
     if "observations" in doc:
         step = _multi(doc, prefix)
     elif "observation" in doc:
@@ -79,27 +85,35 @@ def parse_step(
     if action_space is not None and step.multiagent:
         step.actions = _keyed(_required(doc, "actions", prefix), prefix + "actions")
     field_name = "observations" if step.multiagent else "observation"
-    step.observation_column = validate(
-        observation_space, step.observations, prefix + field_name, step.multiagent
-    )
+    step.observation_column = checked if checked is not None and not step.multiagent else (
+        validate(observation_space, step.observations, prefix + field_name, step.multiagent)
+    )  # fmt: skip
+    # from here on values are in the column's Python form, which converts back to Arrow exactly
+    step.observations = dict(zip(step.observations, step.observation_column.to_pylist(),
+                                 strict=True))  # fmt: skip
     if action_space is not None:
         missing = sorted(set(step.observations) - set(step.actions))
         if missing:
             raise bad_request(prefix + "actions", "an action for every observed agent",
                               f"none for {missing}")  # fmt: skip
-        validate(action_space, step.actions, prefix + ("actions" if step.multiagent else "action"),
-                 step.multiagent)  # fmt: skip
+        actions = validate(action_space, step.actions,
+                           prefix + ("actions" if step.multiagent else "action"),
+                           step.multiagent)  # fmt: skip
+        step.actions = dict(zip(step.actions, actions.to_pylist(), strict=True))
     return step
 
 
 def validate(space: gym.Space[Any], values: dict[str, Any], name: str, keyed: bool) -> pa.Array:
     """One Arrow column of the values, or a 400 listing every problem (field named per agent)."""
+    fast = _float_box_column(space, list(values.values())) if values else None
+    if fast is not None:
+        return fast
     problems = []
     columns = []
     for agent_id, value in values.items():
         where = f"{name}.{agent_id}" if keyed else name
         try:
-            columns.append(spaces.to_arrow_rows(space, [value], field=where))
+            columns.append(codec.to_arrow_rows(space, [value], field=where))
         except SchemaError as error:
             problems += error.problems
     if problems:
@@ -109,6 +123,42 @@ def validate(space: gym.Space[Any], values: dict[str, Any], name: str, keyed: bo
     if not columns:
         return pa.array([], spaces.space_to_arrow(space))
     return columns[0] if len(columns) == 1 else pa.concat_arrays(columns)
+
+
+def checked_observations(space: gym.Space[Any], entries: list[Any]) -> list[pa.Array | None]:
+    """Each single-agent entry's observation as a validated one-row column, checked in one
+    pass for a float Box; None where that fast check does not apply (the entry checks its own)."""
+    found = [
+        (i, entry["observation"]) for i, entry in enumerate(entries)
+        if isinstance(entry, dict) and "observation" in entry and "observations" not in entry
+    ]  # fmt: skip
+    column = _float_box_column(space, [value for _, value in found]) if found else None
+    out: list[pa.Array | None] = [None] * len(entries)
+    if column is not None:
+        for row, (i, _) in enumerate(found):
+            out[i] = column.slice(row, 1)
+    return out
+
+
+def _float_box_column(space: gym.Space[Any], values: list[Any]) -> pa.Array | None:
+    """``codec.to_arrow_rows`` for a float Box in a few microseconds (one numpy pass, no
+    per-row dispatch), or None when anything is off and the full check must name the problem."""
+    if not isinstance(space, gym.spaces.Box) or space.dtype.kind != "f":
+        return None
+    try:
+        batch = np.asarray(values)
+    except (ValueError, TypeError):
+        return None
+    if batch.dtype.kind not in "biuf" or batch.shape[1:] != space.shape:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = batch.astype(space.dtype, copy=False)
+    if not np.isfinite(cast).all():
+        return None
+    if space.shape == ():
+        return pa.array(cast)
+    flat = pa.array(np.ascontiguousarray(cast).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, math.prod(space.shape))
 
 
 def parse_returns(doc: dict[str, Any]) -> StepInput:

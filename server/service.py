@@ -1,10 +1,12 @@
 """What the server does, without HTTP: episodes in, durable rows out, actions back.
 
-Routes (``server.app``) parse requests into :class:`~server.messages.StepInput` and call
+The handlers (:mod:`server.handlers`, behind the Flask routes and the WSGI fast path) parse
+requests into :class:`~server.messages.StepInput` and call
 :meth:`Service.step`, which for any number of episodes at once completes their pending steps,
 runs one forward pass for every observation that needs an action, makes all rows durable with
-one writer append (one fsync, shared with concurrent requests by the writer's group commit), and
-only then advances the episodes. A request that fails changes nothing.
+one writer append (shared with concurrent requests; what "durable" means follows the writer's
+``sync`` mode, see :class:`~server.config.ServerConfig`), and only then advances the episodes.
+A request that fails changes nothing.
 """
 
 from __future__ import annotations
@@ -190,7 +192,7 @@ class Service:
         return out
 
     def _write(self, rows: list[Row], summaries: list[Row]) -> None:
-        """Durable before it returns; concurrent requests share one append (and one fsync)."""
+        """Durable before it returns; concurrent requests share one append."""
         if rows or summaries:
             self._writes.submit((rows, summaries))
 
@@ -199,10 +201,12 @@ class Service:
         rows = [row for item, _ in work for row in item]
         summaries = [row for _, item in work for row in item]
         if rows:
-            self.writer.append(schema.rows_to_columns(rows))
+            steps = _batch(self.writer.step_schema, rows)
+            self.writer.append(steps, validated=True)
         if summaries:
             try:
-                self.writer.append_episodes(summaries)
+                self.writer.append_episodes(_batch(schema.EPISODE_SCHEMA, summaries),
+                                            validated=True)  # fmt: skip
             except SchemaError as error:  # the steps are written: this must not be retried
                 raise DatasetError(f"writing episode summaries failed: {error}") from error
         self.metrics.observe_append(time.perf_counter() - started, len(rows))
@@ -216,6 +220,16 @@ class Service:
                     self.close_episode(episode)
                 except Exception:
                     _log.exception("closing idle episode %s failed", episode.episode_id)
+
+
+def _batch(table_schema: pa.Schema, rows: list[Row]) -> Any:
+    """The rows as one Arrow batch for the writer's fast path (every value in them was
+    validated on the way in), or as columns when one does not convert exactly, so that the
+    writer's validating path names the problem."""
+    try:
+        return schema.batch_from_rows(table_schema, rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError):
+        return schema.rows_to_columns(rows)
 
 
 def _replay(item: StepItem) -> dict[str, Any] | None:

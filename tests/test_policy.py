@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import spaces
+from pipeline import codec, flattening
 from pipeline.errors import ConfigError, DatasetError
 from pipeline.policy import (
     Checkpoint,
@@ -30,7 +30,7 @@ BOX = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.
 
 def _network(spec: ModelSpec, out: int, seed: int = 0) -> torch.nn.Sequential:
     torch.manual_seed(seed)
-    sizes = [spaces.flatdim(spec.observation_space), *spec.hidden]
+    sizes = [flattening.flatdim(spec.observation_space), *spec.hidden]
     layers: list[torch.nn.Module] = []
     for width_in, width_out in itertools.pairwise(sizes):
         layers += [torch.nn.Linear(width_in, width_out), torch.nn.Tanh()]
@@ -47,8 +47,8 @@ def _checkpoint(spec: ModelSpec, network: torch.nn.Sequential, version: int = 1)
 
 
 def _observations(n: int) -> tuple[dict[str, np.ndarray], torch.Tensor]:
-    batch = spaces.sample_batch(OBSERVATION, n, seed=1)
-    return batch, torch.as_tensor(spaces.flatten_batch(OBSERVATION, batch))
+    batch = codec.sample_batch(OBSERVATION, n, seed=1)
+    return batch, torch.as_tensor(flattening.flatten_batch(OBSERVATION, batch))
 
 
 def test_categorical_matches_torch() -> None:

@@ -24,7 +24,7 @@ from server_fixtures import (
     start_serve_process,
 )
 
-from pipeline import spaces
+from pipeline import codec, spaces
 from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
 from server import openapi
 
@@ -207,12 +207,12 @@ def _upload(url: str, client: str, seq: int, table: pa.Table, name: str = "steps
 
 def _steps_table(episode: str, n: int) -> pa.Table:
     env = gym.make("CartPole-v1")
-    observations = spaces.sample_batch(env.observation_space, n + 1, seed=0)
+    observations = codec.sample_batch(env.observation_space, n + 1, seed=0)
     return pa.table({
         "episode_id": [episode] * n, "t": list(range(n)),
-        "observation": spaces.to_arrow(env.observation_space, observations[:-1]),
+        "observation": codec.to_arrow(env.observation_space, observations[:-1]),
         "action": [0] * n, "reward": [1.0] * n,
-        "next_observation": spaces.to_arrow(env.observation_space, observations[1:]),
+        "next_observation": codec.to_arrow(env.observation_space, observations[1:]),
         "terminated": [False] * (n - 1) + [True], "truncated": [False] * n,
     })  # fmt: skip
 
@@ -235,6 +235,59 @@ def test_uploads_are_stored_once_across_retries_and_restarts(tmp_path: Path) -> 
     steps = pd.read_parquet(data / "steps")
     assert len(steps) == 15 and set(steps["client_id"]) == {"c1"}
     assert len(pd.read_parquet(data / "episodes")) == 1
+
+
+def test_an_upload_with_a_nan_reward_is_refused_whole_on_the_fast_path(tmp_path: Path) -> None:
+    """A batch with the exact step schema takes the writer's fast path; one NaN refuses it all,
+    with the validating path's message naming the row."""
+    from pipeline.schema import step_schema, steps_from_columns
+
+    env = gym.make("CartPole-v1")
+    table = _steps_table("n", 3)
+    columns = {name: table.column(name) for name in table.column_names}
+    columns["reward"] = pa.array([1.0, float("nan"), 1.0])
+    batch = steps_from_columns(step_schema(env.observation_space, env.action_space),
+                               {**columns, "reward": [1.0, 1.0, 1.0]},
+                               env.observation_space, env.action_space)  # fmt: skip
+    bad = batch.set_column(batch.schema.get_field_index("reward"),
+                           batch.schema.field("reward"), columns["reward"])  # fmt: skip
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, bad.schema) as writer:
+        writer.write_batch(bad)
+    headers = {"Content-Type": "application/vnd.apache.arrow.stream", "X-Rlpipe-Client": "c",
+               "X-Rlpipe-Upload": "0"}  # fmt: skip
+    with running_server(cartpole_config(tmp_path / "ds")) as server:
+        refused = requests.post(server.url + "/v1/uploads", data=sink.getvalue(),
+                                headers=headers, timeout=10)  # fmt: skip
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"] == (
+            "row 1, field 'reward': expected finite values, got nan"
+        )
+        assert _upload(server.url, "c", 1, pa.Table.from_batches([batch]))["stored"] == {"steps": 3}
+    assert len(pd.read_parquet(tmp_path / "ds" / "steps")) == 3
+
+
+def test_requests_without_a_length_get_the_same_answers_from_flask(tmp_path: Path) -> None:
+    """A chunked body (no Content-Length) skips the WSGI fast path; Flask answers alike."""
+    with running_server(cartpole_config(tmp_path / "ds", token=TOKEN)) as server:
+        _post(server.url, "/v1/episodes", {"episode_id": "c"})
+
+        def chunked(doc: Any) -> Any:
+            yield json.dumps(doc).encode()
+
+        def post(doc: Any, headers: dict[str, str]) -> requests.Response:
+            return requests.post(server.url + "/v1/episodes/c/actions", data=chunked(doc),
+                                 headers={"Content-Type": "application/json", **headers},
+                                 timeout=10)  # fmt: skip
+
+        assert post({"observation": OBS}, {}).json()["error"]["status"] == 401
+        bad = post({"observation": [0, 0]}, AUTH)
+        assert (bad.status_code, bad.json()["error"]["message"]) == (
+            400, "field 'observation': expected float32 of shape (4,) per row, got shape (2,)"
+        )  # fmt: skip
+        assert post({"observation": OBS}, AUTH).json()["action"] in (0, 1)
+        assert _post(server.url, "/v1/episodes/c/actions", {"observation": OBS}).status_code == 200
+    assert len(pd.read_parquet(tmp_path / "ds" / "steps")) == 2
 
 
 def test_idle_and_open_episodes_are_closed_as_truncated(tmp_path: Path) -> None:
@@ -322,7 +375,7 @@ def test_serve_takes_spaces_from_a_file_and_a_token(tmp_path: Path) -> None:
     }))  # fmt: skip
     port = free_port()
     process = start_serve_process(tmp_path / "ds", port, "--spaces", str(spaces_file),
-                                  "--token", TOKEN, env_id=None)  # fmt: skip
+                                  "--token", TOKEN, "--sync", "always", env_id=None)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         served = requests.get(url + "/v1/spaces", headers=AUTH, timeout=5).json()

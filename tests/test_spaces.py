@@ -14,19 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Text, Tuple
 
+from pipeline.codec import from_arrow, sample_batch, to_arrow, to_arrow_rows
 from pipeline.errors import SchemaError, SpaceError
+from pipeline.flattening import flatdim, flatten
 from pipeline.spaces import (
-    flatdim,
-    flatten,
-    from_arrow,
-    sample_batch,
     space_field,
     space_from_field,
     space_from_json,
     space_to_arrow,
     space_to_json,
-    to_arrow,
-    to_arrow_rows,
 )
 
 ARM = Dict([("z", Box(0.0, 1.0, (2,))), ("a", Discrete(4))])  # keys not sorted

@@ -57,3 +57,26 @@ def test_uploader_retries_after_the_wait_the_server_asks_for(tmp_path: Path) -> 
         ("c1", 0, "steps", [0, 1]), ("c1", 1, "episodes", [9]), ("c1", 2, "steps", [2]),
     ]  # fmt: skip
     assert uploader.failure is None and not list(tmp_path.glob("*.arrows"))
+
+
+def test_a_healthy_server_gets_batches_straight_from_memory(tmp_path: Path) -> None:
+    """Nothing touches the disk while the server takes every batch; a refusal spools it."""
+    delivered: list[int] = []
+    refuse = threading.Event()
+
+    def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
+        assert not list(tmp_path.glob("*.arrows"))  # sent from memory, not from the spool
+        if refuse.is_set():
+            return 60.0  # 503, Retry-After: 60
+        delivered.append(seq)
+        return None
+
+    uploader = Uploader("c1", _build, send, Spool(tmp_path), max_rows=1, interval_s=0.01)
+    uploader.add("steps", [{"n": 0}])
+    assert uploader.flush(5)
+    refuse.set()
+    uploader.add("steps", [{"n": 1}])
+    assert not uploader.flush(0.2)
+    assert [p.name for p in tmp_path.glob("*.arrows")] == ["c1-0000000001-steps.arrows"]
+    uploader.close(0.1)
+    assert delivered == [0]

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pipeline import spaces
+from pipeline import flattening
 from pipeline.batch import Batch
 from pipeline.policy import Checkpoint, ModelSpec
 from pipeline.trainers import state, validation
@@ -89,8 +89,8 @@ class CQL:
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.updates = 0
         if self.discrete:
-            n = spaces.flatdim(action_space)
-            self.q = MLP(spaces.flatdim(observation_space), c.hidden, n, c.activation)
+            n = flattening.flatdim(action_space)
+            self.q = MLP(flattening.flatdim(observation_space), c.hidden, n, c.activation)
             self.q_target = copy.deepcopy(self.q)
             self.optimizer = torch.optim.Adam(self.q.parameters(), lr=c.lr)
         else:

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pipeline import spaces
+from pipeline import flattening
 from pipeline.batch import Batch
 from pipeline.policy import Checkpoint, ModelSpec
 from pipeline.trainers import state, validation
@@ -81,7 +81,7 @@ class MARWIL:
         torch.manual_seed(self.config.seed)
         c = self.config
         self.policy = PolicyNetwork(observation_space, action_space, c.hidden, c.activation)
-        self.value = MLP(spaces.flatdim(observation_space), c.hidden, 1, c.activation)
+        self.value = MLP(flattening.flatdim(observation_space), c.hidden, 1, c.activation)
         self.optimizer = torch.optim.Adam(
             [*self.policy.parameters(), *self.value.parameters()], lr=c.lr
         )

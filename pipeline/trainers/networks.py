@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline import spaces
+from pipeline import flattening
 from pipeline.errors import ConfigError
 from pipeline.policy import LOG_STD_MAX, LOG_STD_MIN
 
@@ -57,7 +57,7 @@ def check_action_space(owner: str, space: gym.Space[Any], allowed: tuple[type, .
 
 def observations_tensor(space: gym.Space[Any], observations: Any) -> torch.Tensor:
     """Observations of any supported space as float32 rows (one-hot discretes)."""
-    return torch.as_tensor(spaces.flatten_batch(space, _numpy(observations)))
+    return torch.as_tensor(flattening.flatten_batch(space, _numpy(observations)))
 
 
 def actions_tensor(space: gym.Space[Any], actions: Any) -> torch.Tensor:
@@ -135,8 +135,8 @@ class PolicyNetwork(nn.Module):
         super().__init__()
         self.observation_space, self.action_space = observation_space, action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        out_dim = spaces.flatdim(action_space)  # n for Discrete: the one-hot width
-        self.pi = MLP(spaces.flatdim(observation_space), hidden, out_dim, activation)
+        out_dim = flattening.flatdim(action_space)  # n for Discrete: the one-hot width
+        self.pi = MLP(flattening.flatdim(observation_space), hidden, out_dim, activation)
         self.log_std = nn.Parameter(torch.zeros(0 if self.discrete else out_dim))
 
     @property

@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pipeline import spaces
+from pipeline import flattening
 from pipeline.batch import Batch
 from pipeline.policy import Checkpoint, ModelSpec
 from pipeline.trainers import state, validation
@@ -103,7 +103,7 @@ class PPO:
         torch.manual_seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
         self.policy = PolicyNetwork(observation_space, action_space, c.hidden, c.activation)
-        self.value = MLP(spaces.flatdim(observation_space), c.hidden, 1, c.activation)
+        self.value = MLP(flattening.flatdim(observation_space), c.hidden, 1, c.activation)
         self.optimizer = torch.optim.Adam(
             [*self.policy.parameters(), *self.value.parameters()], lr=c.lr, eps=1e-5
         )

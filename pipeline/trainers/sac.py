@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pipeline import spaces
+from pipeline import flattening
 from pipeline.batch import Batch
 from pipeline.errors import ConfigError
 from pipeline.policy import Checkpoint, ModelSpec
@@ -87,7 +87,7 @@ class SAC:
         self.config = c = config or SACConfig()
         torch.manual_seed(c.seed)
         self.observation_space, self.action_space = observation_space, action_space
-        obs_dim, act_dim = spaces.flatdim(observation_space), spaces.flatdim(action_space)
+        obs_dim, act_dim = flattening.flatdim(observation_space), flattening.flatdim(action_space)
         self.low, self.high = box_bounds(cast(gym.spaces.Box, action_space))
         self.actor = MLP(obs_dim, c.hidden, 2 * act_dim, c.activation)
         self.q1 = MLP(obs_dim + act_dim, c.hidden, 1, c.activation)

@@ -1,0 +1,177 @@
+"""What each step and upload resource does with a parsed request, apart from any web framework.
+
+The Flask routes (:mod:`server.app`) and the WSGI fast path (:mod:`server.wsgi`) both call these,
+so the two answer every request, good or bad, the same way. ``counts.steps`` is set as soon as the
+number of steps in the request is known, so a refused request's steps are counted as rejected.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from pipeline import layout
+from pipeline.recorder import Episode
+from server import errors
+from server.config import ServerConfig
+from server.errors import ApiError
+from server.messages import (
+    ARROW_TYPE,
+    checked_observations,
+    episode_id_of,
+    optional_bool,
+    optional_int,
+    parse_json,
+    parse_returns,
+    parse_step,
+)
+from server.service import ACT, END, LOG, Service, StepItem
+from server.uploads import json_table, parse_seq, read_arrow
+
+VERBS = {"actions": ACT, "logged-actions": LOG, "end": END}
+
+
+class Counts(Protocol):
+    steps: int
+
+
+def guard(config: ServerConfig, authorization: str | None, length: int | None,
+          check_token: bool = True) -> None:  # fmt: skip
+    """401 without the token (when one is set), 413 for a body past the limit: before any work."""
+    if (
+        check_token
+        and config.token is not None
+        and not hmac.compare_digest(
+            (authorization or "").encode(), f"Bearer {config.token}".encode()
+        )
+    ):
+        raise ApiError(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'")
+    if length is not None and length > config.max_body_bytes:
+        raise ApiError(413, f"request body of {length} bytes is larger than the server's "
+                            f"limit of {config.max_body_bytes} bytes")  # fmt: skip
+
+
+def start_episode(service: Service, doc: dict[str, Any], remote_addr: str | None,
+                  counts: Counts) -> tuple[dict[str, Any], int]:  # fmt: skip
+    """Open (or, for a retry, find) an episode; 201 when created, 200 when it was open."""
+    counts.steps = 0
+    episode_id = doc.get("episode_id")
+    episode = _episode(
+        service, episode_id_of(episode_id) if episode_id is not None else secrets.token_hex(8),
+        doc, remote_addr,
+    )  # fmt: skip
+    episode, created = service.start(episode)
+    return {"episode_id": episode.episode_id}, 201 if created else 200
+
+
+def _episode(service: Service, episode_id: str, doc: dict[str, Any],
+             remote_addr: str | None) -> Episode:  # fmt: skip
+    return Episode(
+        episode_id=episode_id,
+        client_id=str(doc.get("client_id") or remote_addr or ""),
+        training_enabled=optional_bool(doc, "training_enabled", True),
+        seed=optional_int(doc, "seed"),
+        reset_options=doc.get("options"),
+        env_id=service.env_id,
+    )
+
+
+def episode_step(service: Service, episode_id: str, kind: str, doc: dict[str, Any],
+                 counts: Counts) -> dict[str, Any]:  # fmt: skip
+    """get_action, log_action or end_episode for one episode."""
+    counts.steps = 1
+    replayed = service.episodes.replay(episode_id, optional_int(doc, "request"))
+    if replayed is not None:
+        answer: dict[str, Any] = replayed
+        return answer
+    episode = service.episodes.get(episode_id)
+    step = parse_step(doc, service.observation_space,
+                      service.action_space if kind == LOG else None)  # fmt: skip
+    counts.steps = len(step.observations)
+    item = StepItem(episode, step, kind, optional_bool(doc, "truncated", False),
+                    optional_int(doc, "request"))  # fmt: skip
+    return service.step([item])[0]
+
+
+def log_returns(service: Service, episode_id: str, doc: dict[str, Any],
+                counts: Counts) -> dict[str, Any]:  # fmt: skip
+    counts.steps = 1
+    episode = service.episodes.get(episode_id)
+    step = parse_returns(doc)
+    with episode.lock:
+        if episode.ended:
+            service.episodes.get(episode_id)  # raises the 409
+        service.returns(episode, step)
+    return {"episode_id": episode_id}
+
+
+def batch_step(service: Service, doc: dict[str, Any], remote_addr: str | None,
+               counts: Counts) -> dict[str, Any]:  # fmt: skip
+    """The batch form: many episodes' observations in one request, many actions back."""
+    counts.steps = 1
+    entries = doc.get("episodes")
+    if not isinstance(entries, list) or not entries:
+        raise errors.bad_request("episodes", "a non-empty list of episode steps",
+                                 type(entries).__name__)  # fmt: skip
+    checked = checked_observations(service.observation_space, entries)
+    items = [
+        _batch_item(service, entry, f"episodes[{i}].", remote_addr, checked[i])
+        for i, entry in enumerate(entries)
+    ]
+    counts.steps = len(items)
+    return {"episodes": service.step(items)}
+
+
+def _batch_item(service: Service, entry: Any, prefix: str, remote_addr: str | None,
+                checked: pa.Array | None) -> StepItem:  # fmt: skip
+    """One entry of the batch form: starts its episode if asked, ends it when it says so."""
+    if not isinstance(entry, dict):
+        raise errors.bad_request(prefix.rstrip("."), "an object", type(entry).__name__)
+    episode_id = episode_id_of(entry.get("episode_id"), prefix + "episode_id")
+    start = {} if entry.get("start") is True else entry.get("start")
+    if isinstance(start, dict):
+        service.start(_episode(service, episode_id, start, remote_addr))
+    episode = service.episodes.get(episode_id)
+    step = parse_step(entry, service.observation_space, None, prefix, checked)
+    terminated = optional_bool(entry, "terminated", False)
+    truncated = optional_bool(entry, "truncated", False)
+    kind = END if terminated or truncated else ACT
+    return StepItem(episode, step, kind, truncated and not terminated)
+
+
+def upload(service: Service, header: Callable[[str], str | None], content_type: str | None,
+           body: bytes, counts: Counts) -> dict[str, Any]:  # fmt: skip
+    """A local-inference client's numbered batch (Arrow IPC or JSON), stored once."""
+    client_id = header("X-Rlpipe-Client") or ""
+    if not client_id:
+        raise errors.bad_request("X-Rlpipe-Client", "the client's id", "nothing")
+    seq = parse_seq(header("X-Rlpipe-Upload"))
+    media_type = (content_type or "").split(";")[0].strip()
+    if media_type == ARROW_TYPE:
+        table_name = header("X-Rlpipe-Table")
+        table_name = layout.STEPS if table_name is None else table_name
+        if table_name not in layout.TABLES:
+            raise errors.bad_request("X-Rlpipe-Table", f"one of {list(layout.TABLES)}",
+                                     repr(table_name))  # fmt: skip
+        tables = {table_name: read_arrow(body)}
+    else:
+        tables = _json_tables(service, parse_json(body, content_type))
+    counts.steps = tables[layout.STEPS].num_rows if layout.STEPS in tables else 0
+    service.check_backlog()
+    result = service.uploads.store(client_id, seq, tables)
+    service.metrics.accepted(result["stored"].get(layout.STEPS, 0))
+    return result
+
+
+def _json_tables(service: Service, doc: dict[str, Any]) -> dict[str, pa.Table]:
+    unknown = sorted(set(doc) - set(layout.TABLES))
+    if unknown:
+        raise errors.bad_request(unknown[0], f"one of the tables {list(layout.TABLES)}",
+                                 "an unknown key")  # fmt: skip
+    return {
+        name: json_table(service.writer, name, rows) for name, rows in doc.items() if rows != []
+    }
