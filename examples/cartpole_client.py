@@ -35,6 +35,8 @@ def parse_args() -> argparse.Namespace:
                         help="stop once an episode returns this much")  # fmt: skip
     parser.add_argument("--episodes", type=int, default=None, help="stop after this many")
     parser.add_argument("--seed", type=int, default=0, help="seeds episode i with seed + i")
+    parser.add_argument("--update-interval", type=float, default=10.0,
+                        help="local inference: seconds between weight pulls")  # fmt: skip
     return parser.parse_args()
 
 
@@ -42,7 +44,11 @@ def main() -> None:
     args = parse_args()
     env = gym.make("CartPole-v1")  # the only env in the whole example, server side included
     env.action_space.seed(args.seed)
-    client = PolicyClient(f"127.0.0.1:{args.port}", inference_mode=args.inference_mode)
+    client = PolicyClient(
+        f"127.0.0.1:{args.port}",
+        inference_mode=args.inference_mode,
+        update_interval=args.update_interval,
+    )
 
     number = 0
     while args.episodes is None or number < args.episodes:

@@ -1,83 +1,169 @@
-"""The largest end-to-end path that works today: simulators log to a dataset while a trainer-side
-reader follows it live; then the same files are read as history, by rlpipe, pandas and torch.
+"""The main job end to end: simulators play CartPole through the policy server while PPO trains
+from the live dataset, until the policy is solved; then inspect, a learning curve and a replay.
 
-Run with ``make demo``. Output goes to ``runs/demo/`` (or the directory given as the first
-argument).
+What runs, all on 127.0.0.1 and all real processes:
+
+- ``rlpipe serve`` writes every step to ``runs/demo/data`` and acts for remote clients with the
+  newest checkpoint the trainer published;
+- ``rlpipe train ppo --follow`` reads the dataset as it grows and publishes a checkpoint after
+  every update;
+- four ``examples/cartpole_client.py`` processes: two run the policy themselves (local inference,
+  pulling weights), two ask the server for every action (remote inference).
+
+Run with ``make demo``; output goes to ``runs/demo`` (or ``--out DIR``).
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
+import json
+import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
-import gymnasium as gym
-import numpy as np
 import pandas as pd
+import requests
 
-from pipeline import DatasetWriter, InputReader, WriterConfig
-
-
-def simulate(writer: DatasetWriter, client: str, episodes: int, seed: int) -> None:
-    """One simulator: a CartPole env under a simple hand-written policy, logging every step."""
-    env = gym.make("CartPole-v1")
-    for number in range(episodes):
-        observation, _ = env.reset(seed=seed + number)
-        columns: dict[str, list] = {key: [] for key in ("t", "observation", "action", "reward",
-                                    "next_observation", "terminated", "truncated")}  # fmt: skip
-        for t in range(500):
-            action = int(observation[2] + 0.5 * observation[3] > 0)
-            next_observation, reward, terminated, truncated, _ = env.step(action)
-            for key, value in zip(columns, (t, observation, action, reward, next_observation,
-                                            terminated, truncated), strict=True):  # fmt: skip
-                columns[key].append(value)
-            observation = next_observation
-            if terminated or truncated:
-                break
-        n = len(columns["t"])
-        writer.append(
-            columns | {"episode_id": [f"{client}-{number}"] * n, "client_id": [client] * n}
-        )
-    env.close()
+ROOT = Path(__file__).resolve().parents[1]
+CLIENTS = (("local", 1), ("local", 2), ("remote", 3), ("remote", 4))
+SOLVED = 475.0
+RETURN_LINE = re.compile(r"^episode \S+: total reward (?P<reward>[-\d.]+)")
 
 
-def main(out: Path) -> None:
-    shutil.rmtree(out, ignore_errors=True)
-    env = gym.make("CartPole-v1")
-    writer = DatasetWriter(out, env.observation_space, env.action_space, env_id="CartPole-v1",
-                           config=WriterConfig(max_age_s=0.2))  # fmt: skip
-    clients = [
-        threading.Thread(target=simulate, args=(writer, f"sim{i}", 20, 100 * i)) for i in range(4)
-    ]
-    started = time.perf_counter()
-    for client in clients:
-        client.start()
-    follower = InputReader(out, batch_size=512, follow=True, timeout_s=1.0, poll_interval_s=0.05)
-    live_rows = 0
-    closer = threading.Thread(target=lambda: ([c.join() for c in clients], writer.close()))
-    closer.start()
-    for batch in follower:
-        live_rows += len(batch)
-        print(f"\rfollowing live: {live_rows:,} transitions read", end="", flush=True)
-    closer.join()
-    print(f"\nwrote and followed {live_rows:,} transitions in {time.perf_counter() - started:.1f}s")
+def _rlpipe(*args: str, **options: object) -> subprocess.Popen[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "pipeline.cli", *args]
+    return subprocess.Popen(command, text=True, env=env, cwd=ROOT, **options)  # type: ignore[call-overload]
 
-    episodes = list(InputReader(out, episodes=True))
-    returns = [float(e.rewards.sum()) for e in episodes]
-    mean, best = np.mean(returns), max(returns)
-    print(f"history: {len(episodes)} episodes, mean return {mean:.1f}, max {best:.0f}")
-    batch = next(iter(InputReader(out, batch_size=256, shuffle=True, seed=0))).to_torch()
-    print(f"a shuffled torch batch: observations {tuple(batch.observations.shape)}, "
-          f"actions {batch.actions.dtype}")  # fmt: skip
-    frame = pd.read_parquet(out / "steps", columns=["client_id", "episode_id", "reward"])
-    print("pandas reads the same files:")
-    print(
-        frame.groupby("client_id").agg(steps=("reward", "size"), episodes=("episode_id", "nunique"))
+
+def _address(server: subprocess.Popen[str]) -> str:
+    """The server prints its address once it listens (it was asked for any free port)."""
+    if server.stdout is None:
+        raise SystemExit("rlpipe serve has no output to read its address from")
+    for line in server.stdout:
+        found = re.search(r"http://[\d.]+:\d+", line)
+        if found:
+            # keep reading its log, so a full pipe never blocks the server
+            threading.Thread(target=server.stdout.read, daemon=True).start()
+            return found.group(0)
+    raise SystemExit("rlpipe serve exited before listening")
+
+
+def _follow_returns(stream: IO[str], returns: collections.deque[float], counts: list[int]) -> None:
+    for line in stream:
+        match = RETURN_LINE.match(line)
+        if match:
+            returns.append(float(match["reward"]))
+            counts[0] += 1
+
+
+def _progress(
+    address: str, started: float, returns: collections.deque[float], episodes: int
+) -> str:
+    try:
+        health = requests.get(f"{address}/v1/health", timeout=2).json()
+        version = health.get("policy_version")
+    except requests.RequestException:
+        version = None
+    mean = sum(returns) / len(returns) if returns else float("nan")
+    return (
+        f"\r{time.perf_counter() - started:5.0f}s  episodes {episodes:5d}  "
+        f"mean return of the last 20 {mean:6.1f}  policy version {version}   "
     )
-    print(f"dataset: {out}")
+
+
+def play(out: Path, budget: float) -> tuple[str, bool]:
+    """Serve, train and play until PPO stops (solved) or ``budget`` seconds pass."""
+    data, run = out / "data", out / "run"
+    server = _rlpipe("serve", "--data", str(data), "--env", "CartPole-v1", "--port", "0",
+                     "--commit-age", "0.25",
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    address = _address(server)
+    port = address.rsplit(":", 1)[1]
+    print(f"rlpipe serve on {address}, writing {data}")
+    with (out / "train.log").open("w") as log:
+        trainer = _rlpipe("train", "ppo", "--follow", "--data", str(data), "--run-dir", str(run),
+                          "--stop-return", str(SOLVED), "--max-seconds", str(budget),
+                          "--batch-size", "512", "--lr", "1e-3",
+                          stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    returns: collections.deque[float] = collections.deque(maxlen=20)
+    counts = [0]
+    clients = []
+    for mode, seed in CLIENTS:
+        client = subprocess.Popen(
+            [sys.executable, str(ROOT / "examples" / "cartpole_client.py"), "--port", port,
+             "--inference-mode", mode, "--seed", str(seed * 100_000), "--update-interval", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)),
+        )  # fmt: skip
+        threading.Thread(target=_follow_returns, args=(client.stdout, returns, counts),
+                         daemon=True).start()  # fmt: skip
+        clients.append(client)
+    print("4 CartPole clients: 2 with local inference, 2 with remote inference; PPO follows live")
+    started = time.perf_counter()
+    while trainer.poll() is None:
+        print(_progress(address, started, returns, counts[0]), end="", flush=True)
+        time.sleep(1.0)
+    print(_progress(address, started, returns, counts[0]))
+    for client in clients:
+        client.send_signal(signal.SIGINT)  # local clients deliver what they hold before exiting
+    for client in clients:
+        try:
+            client.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            client.kill()
+    server.send_signal(signal.SIGINT)  # closes the episodes still open as truncated
+    server.wait(timeout=30)
+    solved = _solved(run)
+    return address, solved
+
+
+def _solved(run: Path) -> bool:
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    scores = [m["episode_return"] for m in metrics if m.get("episode_return") is not None]
+    return bool(scores) and max(scores) >= SOLVED
+
+
+def report(out: Path) -> None:
+    """inspect, the learning curve and a GIF of the best episode."""
+    from pipeline.cli import main as rlpipe
+
+    data = out / "data"
+    print()
+    rlpipe(["inspect", str(data), "--plot", str(out / "dataset.png")])
+    # the episodes table is one row per episode: the best one with a seed can be replayed
+    episodes = pd.read_parquet(data / "episodes").dropna(subset=["seed"])
+    best = str(episodes.sort_values("return", ascending=False)["episode_id"].iloc[0])
+    gif = out / "best-episode.gif"
+    rlpipe(["replay", str(data), "--episode", best, "--render", str(gif)])
+    curves = sorted((out / "run").glob("*.png"))
+    print(f"\nlearning curve: {curves[0] if curves else 'none (see run/metrics.jsonl)'}")
+    print(f"dataset plot:   {out / 'dataset.png'}")
+    print(f"best episode:   {gif} (episode {best})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo")
+    parser.add_argument("--budget", type=float, default=140.0, help="seconds of training at most")
+    args = parser.parse_args()
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
+    started = time.perf_counter()
+    _, solved = play(args.out, args.budget)
+    print("solved: the mean return of 20 episodes reached 475" if solved else "not solved in time")
+    report(args.out)
+    print(f"demo took {time.perf_counter() - started:.0f}s; everything is in {args.out}")
+    sys.exit(0 if solved else 1)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/demo"))
+    main()
