@@ -31,19 +31,22 @@ import pyarrow as pa
 import requests
 
 from pipeline import codec, layout, schema
-from pipeline.errors import ConfigError, SchemaError
+from pipeline.errors import (
+    ConfigError,
+    EpisodeError,
+    RequestRejected,
+    SchemaError,
+    ServerError,
+    ServerUnavailable,
+    Unauthorized,
+)
 from pipeline.policy import NumpyPolicy, load_checkpoint
 from pipeline.recorder import Episode, Pending
 from pipeline.spool import Spool, Uploader
 from pipeline.transport import (
     ARROW_TYPE,
-    EpisodeError,
     Http,
     RemoteEpisode,
-    RequestRejected,
-    ServerError,
-    ServerUnavailable,
-    Unauthorized,
     base_url,
     jsonable,
     parse_spaces,

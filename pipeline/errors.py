@@ -7,8 +7,13 @@ module that noticed::
     ├── ConfigError        a config field holds a value it does not allow
     ├── SpaceError         a gymnasium space rlpipe cannot encode, or a malformed space document
     ├── SchemaError        rows that do not fit the step table or the spaces (lists every problem)
-    └── DatasetError       a directory that is not a usable rlpipe dataset
-        └── FormatVersionError  a dataset written in a format version this code does not read
+    ├── DatasetError       a directory that is not a usable rlpipe dataset
+    │   └── FormatVersionError  a dataset written in a format version this code does not read
+    └── ServerError        the policy server refused a request, or could not be reached
+        ├── RequestRejected     400, 413, 415: the request itself is wrong
+        ├── Unauthorized        401: the token is missing or wrong
+        ├── EpisodeError        404, 409: the episode is unknown, or has ended
+        └── ServerUnavailable   no answer, or 503 for longer than the client's timeout
 
 Configs and data errors also subclass ``ValueError``, so code that already catches ``ValueError``
 keeps working.
@@ -73,3 +78,32 @@ class DatasetError(RlpipeError):
 
 class FormatVersionError(DatasetError):
     """A dataset in a format version this code does not read."""
+
+
+class ServerError(RlpipeError):
+    """The server refused a request or could not be reached; ``status`` is None for the latter."""
+
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(f"{status or 'no answer'}: {message}")
+        self.status = status
+        self.message = message
+
+
+class RequestRejected(ServerError, ValueError):
+    """400, 413 or 415: the request itself is wrong (the message names the field)."""
+
+
+class Unauthorized(ServerError):
+    """401: the token is missing or wrong."""
+
+
+class EpisodeError(ServerError):
+    """404 or 409: the episode is unknown to the server, or has ended."""
+
+
+class ServerUnavailable(ServerError):
+    """The server did not answer, or kept answering 503, for longer than the timeout."""
+
+    def __init__(self, status: int | None, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(status, message)
+        self.retry_after = retry_after

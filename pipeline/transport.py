@@ -21,38 +21,15 @@ import numpy as np
 import requests
 
 from pipeline import layout, spaces
-from pipeline.errors import RlpipeError
+from pipeline.errors import (
+    EpisodeError,
+    RequestRejected,
+    ServerError,
+    ServerUnavailable,
+    Unauthorized,
+)
 
 ARROW_TYPE = "application/vnd.apache.arrow.stream"
-
-
-class ServerError(RlpipeError):
-    """The server refused a request or could not be reached; ``status`` is None for the latter."""
-
-    def __init__(self, status: int | None, message: str) -> None:
-        super().__init__(f"{status or 'no answer'}: {message}")
-        self.status = status
-        self.message = message
-
-
-class RequestRejected(ServerError, ValueError):
-    """400, 413 or 415: the request itself is wrong (the message names the field)."""
-
-
-class Unauthorized(ServerError):
-    """401: the token is missing or wrong."""
-
-
-class EpisodeError(ServerError):
-    """404 or 409: the episode is unknown to the server, or has ended."""
-
-
-class ServerUnavailable(ServerError):
-    """The server did not answer, or kept answering 503, for longer than the timeout."""
-
-    def __init__(self, status: int | None, message: str, retry_after: float = 1.0) -> None:
-        super().__init__(status, message)
-        self.retry_after = retry_after
 
 
 _BY_STATUS: dict[int, type[ServerError]] = {
