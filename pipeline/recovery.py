@@ -107,8 +107,11 @@ def _remove_stale_tmp(root: str, writer_id: str) -> None:
 
 def _is_abandoned(directory: Path) -> bool:
     """A staging directory is abandoned when old and unlocked; a young one may be mid-claim."""
-    if time.time() - directory.stat().st_mtime < _STAGING_GRACE_S:
-        return False
+    try:
+        if time.time() - directory.stat().st_mtime < _STAGING_GRACE_S:
+            return False
+    except FileNotFoundError:
+        return False  # its writer just renamed it into place: it is alive
     try:
         fd = os.open(directory / layout.WAL_LOCK, os.O_RDWR)
     except FileNotFoundError:

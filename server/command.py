@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     from server.app import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # waitress warns once per request that waits for a thread; under load that floods the log
+    # (and blocks a server whose stderr is a pipe nobody drains). The metrics carry queue depth.
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     app = create_app(_config(args))
     service = app.extensions["rlpipe"]
     server = create_server(app, host=args.host, port=args.port, threads=args.threads,

@@ -206,6 +206,29 @@ def test_bad_spaces_leave_no_files(tmp_path: Path) -> None:
     assert not (tmp_path / "ds").exists()
 
 
+def test_writers_opening_at_once_do_not_trip_over_each_other(tmp_path: Path) -> None:
+    """Each new writer scans the log for dead writers while others are claiming theirs."""
+    DatasetWriter(tmp_path, *cartpole_spaces()).close()
+    rows = cartpole_rollout(10)
+    errors: list[BaseException] = []
+
+    def open_append_close() -> None:
+        try:
+            for _ in range(20):
+                with DatasetWriter(tmp_path) as writer:
+                    writer.append(rows)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=open_append_close) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[0]
+    assert len(_read_all(tmp_path)) == 1200
+
+
 def test_two_writers_share_a_directory(tmp_path: Path) -> None:
     rows = cartpole_rollout(100)
     first = DatasetWriter(tmp_path, *cartpole_spaces())
