@@ -103,16 +103,21 @@ def checkpoint_name(version: int) -> str:
 
 
 def save_checkpoint(directory: str | Path, checkpoint: Checkpoint) -> Path:
-    """Write atomically (a dot-name readers skip, fsync, rename), so a poller never sees half."""
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / checkpoint_name(checkpoint.version)
+    """Write atomically, so a poller never sees half a checkpoint."""
     spec = np.frombuffer(json.dumps(checkpoint.spec.to_json()).encode(), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=".policy-", suffix=".npz", dir=folder)
+    target = Path(directory) / checkpoint_name(checkpoint.version)
+    return save_arrays(target, {_SPEC_KEY: spec, **checkpoint.weights})
+
+
+def save_arrays(target: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """An ``.npz`` of plain arrays, written under a dot-name readers skip, fsynced, renamed."""
+    folder = target.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".npz", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
-            arrays: dict[str, Any] = {_SPEC_KEY: spec, **checkpoint.weights}
-            np.savez(handle, **arrays)
+            savez: Any = np.savez  # numpy's stub would take an array for allow_pickle
+            savez(handle, **arrays)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)

@@ -10,16 +10,13 @@ moment under ``{name}.state.{index}.{key}``, the optimizer's hyperparameters as 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from pipeline.errors import DatasetError
-from pipeline.wal import fsync_path
+from pipeline.policy import save_arrays
 
 STATE_FILE = "trainer-state.npz"
 
@@ -65,22 +62,7 @@ def load_optimizer(
 
 def save_state(directory: str | Path, arrays: dict[str, np.ndarray]) -> Path:
     """Write ``directory/trainer-state.npz`` atomically (temporary dot-name, fsync, rename)."""
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / STATE_FILE
-    fd, tmp = tempfile.mkstemp(prefix=".trainer-state-", suffix=".npz", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            savez: Any = np.savez  # numpy's stub would take an array for allow_pickle
-            savez(handle, **arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-        fsync_path(folder)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return save_arrays(Path(directory) / STATE_FILE, arrays)
 
 
 def load_state(path: str | Path) -> dict[str, np.ndarray]:
