@@ -25,7 +25,7 @@ from typing import Any, TypeAlias
 import gymnasium as gym
 import pyarrow as pa
 
-from pipeline import layout, schema
+from pipeline import checks, layout, schema
 from pipeline.errors import ConfigError, DatasetError
 from pipeline.manifest import Manifest, create_or_check, read_manifest
 from pipeline.recovery import recover
@@ -181,7 +181,7 @@ class DatasetWriter:
         info, client_id, logged_at) take their defaults when absent.
 
         An Arrow batch or table with exactly the step schema takes a fast path: columnar checks
-        without copies (:func:`~pipeline.schema.checked_step_batch`). With ``validated=True`` the
+        without copies (:func:`~pipeline.checks.checked_step_batch`). With ``validated=True`` the
         caller promises it validated the values itself (the server: every observation and
         action came through ``codec.to_arrow``); then only the schema, nulls and finite floats
         are checked. Anything the fast path doubts goes through the full validation, whose
@@ -193,9 +193,9 @@ class DatasetWriter:
         manifest = self.manifest
         batch = _as_batch(steps)
         if batch is not None and validated:
-            batch = schema.validated_batch(batch, self.step_schema)
+            batch = checks.validated_batch(batch, self.step_schema)
         elif batch is not None:  # the fast path: already a step batch, checked without copies
-            batch = schema.checked_step_batch(
+            batch = checks.checked_step_batch(
                 batch, self.step_schema, manifest.observation_space, manifest.action_space
             )
         if batch is None:
@@ -220,8 +220,8 @@ class DatasetWriter:
         """
         batch = _as_batch(episodes) if validated and not isinstance(episodes, Sequence) else None
         if batch is not None:
-            batch = schema.validated_batch(batch, schema.EPISODE_SCHEMA)
-            if batch is not None and not schema.known_end_reasons(batch):
+            batch = checks.validated_batch(batch, schema.EPISODE_SCHEMA)
+            if batch is not None and not checks.known_end_reasons(batch):
                 batch = None
         if batch is None:
             if isinstance(episodes, Sequence):

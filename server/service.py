@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import schema
+from pipeline import checks, schema
 from pipeline.errors import DatasetError, SchemaError
 from pipeline.recorder import Episode, Pending, Row
 from pipeline.writer import DatasetWriter
@@ -227,7 +227,7 @@ def _batch(table_schema: pa.Schema, rows: list[Row]) -> Any:
     validated on the way in), or as columns when one does not convert exactly, so that the
     writer's validating path names the problem."""
     try:
-        return schema.batch_from_rows(table_schema, rows)
+        return checks.batch_from_rows(table_schema, rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError):
         return schema.rows_to_columns(rows)
 
