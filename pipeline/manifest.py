@@ -111,6 +111,7 @@ def create_or_check(root: str, manifest: Manifest) -> Manifest:
     if not target.exists():
         fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=root)
         try:
+            os.fchmod(fd, 0o644)  # mkstemp makes 0600; a shared dataset is read by others
             with os.fdopen(fd, "w") as handle:
                 json.dump(manifest.to_json(), handle, indent=2)
                 handle.flush()
