@@ -191,12 +191,12 @@ def _length(values: Any) -> int:
 
 
 def _default(field: pa.Field, value: Any, n: int) -> pa.Array:
+    """A constant column, built natively (``np.full`` of strings cost ~1 ms per 10k rows)."""
     if field.name == "logged_at" and value is None:
-        now = np.datetime64(datetime.now(UTC).replace(tzinfo=None), "us")
-        return pa.array(np.full(n, now), type=TIMESTAMP)
+        value = datetime.now(UTC)
     if value is None:
         return pa.nulls(n, field.type)
-    return pa.array(np.full(n, value), type=field.type) if n else pa.array([], field.type)
+    return pa.repeat(pa.scalar(value, field.type), n)
 
 
 def _space_column(space: gym.Space[Any], values: Any, name: str) -> pa.Array:
