@@ -48,6 +48,8 @@ def cartpole_spaces() -> tuple[gym.Space[Any], gym.Space[Any]]:
     return env.observation_space, env.action_space
 
 
-def report(figures: dict[str, float]) -> None:
-    """The closing JSON line every benchmark ends with."""
-    print(json.dumps({key: round(value, 4) for key, value in figures.items()}))
+def report(figures: dict[str, float | None]) -> None:
+    """The closing JSON line every benchmark ends with: strict JSON, None for a figure not
+    reached (never NaN or Infinity, which strict parsers refuse)."""
+    rounded = {key: None if value is None else round(value, 4) for key, value in figures.items()}
+    print(json.dumps(rounded, allow_nan=False))

@@ -1,16 +1,29 @@
 """Learning benchmark: rlpipe's trainers against Stable-Baselines3 on the same machine, same run.
 
-- PPO on CartPole-v1, online: local-inference clients (processes acting with the newest published
-  checkpoint through the numpy policy) append to a live dataset, and ``rlpipe train ppo --follow``
-  trains from it. Figure: wall seconds until the mean logged return of the last 20 episodes
-  reaches 475, over SB3 PPO's (RL-Zoo's tuned CartPole settings, in-process) to the same bar.
-- SAC on Pendulum-v1, online the same way: wall seconds until the greedy evaluation return
-  reaches -200, over SB3 SAC's.
+- PPO on CartPole-v1, online through the server: ``rlpipe serve --commit-age 0.25`` writes the
+  live dataset, local-inference ``PolicyClient`` processes (2 by default; each acts with the
+  newest checkpoint it pulls every second and uploads its steps in batches) play as fast as they
+  can, and ``rlpipe train ppo --follow`` trains from the dataset with ``--batch-size 512 --lr
+  1e-3`` (the settings of ``examples/demo.py``: small rollouts, so a version is acted on within
+  a second or two of its publication) and ``--eval-episodes 1`` (online PPO evaluates after
+  every update; its figure is the logged return, not the evaluation). Figure: seconds until the
+  trainer's mean return of the last 20 logged episodes reaches 475, over SB3 PPO's (RL-Zoo's
+  tuned CartPole settings, in-process) to the same bar (``ppo_wall_vs_sb3``).
+- SAC on Pendulum-v1, online the same way: one local-inference client stepping at most 300
+  times a second (``--sac-client-rate``; about what the trainer consumes at its 4 rows per
+  update, where an unpaced client spends a core on rows the trainer reads minutes later),
+  ``--batch-size 256``, a checkpoint and a 5-episode greedy evaluation every 250 updates.
+  Figure: seconds until the evaluation return reaches -200, over SB3 SAC's (``sac_wall_vs_sb3``).
 - BC and MARWIL on RLlib's recorded CartPole (``cartpole-v1_large``), CQL on RLlib's recorded
   Pendulum (``pendulum-v1_enormous``), offline through ``rlpipe train``: the evaluation return.
 
-Every run is capped in time (``--budget`` seconds). The clients here write the dataset directly
-(as ``rlpipe serve`` would); going through the server is the server benchmark's business.
+Online seconds are the trainer's own clock (``seconds`` in its metrics: from when it has
+imported torch and built its networks, as SB3's clock starts after its model is built) to the
+first record at the bar; the seconds from launching ``rlpipe train`` are printed beside them.
+Server and clients run the whole time. Everything is single-threaded (``OMP_NUM_THREADS=1`` in
+every process, ``torch.set_num_threads(1)`` here), as SB3 is. Every run is capped at
+``--budget`` seconds; a figure not reached in it is ``null`` in the closing JSON line, and the
+line before it says why.
 Run: ``python bench/learn.py [--budget 300] [--only ppo,sac,bc,marwil,cql]``.
 """
 
@@ -20,10 +33,15 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +50,13 @@ import numpy as np
 import pyarrow.dataset as ds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import report
 
 from pipeline import DatasetWriter
 from pipeline.cli import main as rlpipe
-from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint
 
-ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchor-data" / "rllib-test-data"
+ROOT = Path(__file__).resolve().parents[1]
+ANCHOR = ROOT.parent / "shared" / "anchor-data" / "rllib-test-data"
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
 def rllib_dataset(source: Path, path: Path, env_id: str, limit: int) -> Path:
@@ -78,131 +94,153 @@ def rllib_dataset(source: Path, path: Path, env_id: str, limit: int) -> Path:
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The records written so far; a line still being written is left for the next look."""
+    path = run_dir / "metrics.jsonl"
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(line))
+    return records
 
 
-def offline(algorithm: str, data: Path, root: Path, budget: float, stop: float) -> float:
+def offline(algorithm: str, data: Path, root: Path, budget: float, stop: float) -> float | None:
     run_dir = root / f"run-{algorithm}"
-    argv = [
-        "train",
-        algorithm,
-        "--data",
-        str(data),
-        "--run-dir",
-        str(run_dir),
-        "--max-seconds",
-        str(budget),
-        "--stop-return",
-        str(stop),
-        "--eval-every",
-        "500",
-        "--eval-episodes",
-        "10",
-    ]
+    argv = ["train", algorithm, "--data", str(data), "--run-dir", str(run_dir),
+            "--max-seconds", str(budget), "--stop-return", str(stop),
+            "--eval-every", "500", "--eval-episodes", "10"]  # fmt: skip
     with contextlib.redirect_stderr(io.StringIO()):
         rlpipe(argv)
     returns = [m["eval_return"] for m in _metrics(run_dir) if "eval_return" in m]
-    return max(returns) if returns else float("nan")
+    return max(returns) if returns else None
 
 
-def client(data: Path, env_id: str, stop_file: Path, seed: int) -> None:
-    """A local-inference client process: acts with the newest published checkpoint (checked
-    between episodes), appends its steps in batches of about 256 rows, until ``stop_file``."""
+def client(address: str, env_id: str, seed: int, spool: Path, rate: float) -> None:
+    """A local-inference client process: RLlib's verbs through ``PolicyClient``, acting with the
+    weights it pulls every second, at most ``rate`` steps a second (0: as fast as it can), until
+    SIGINT."""
+    from pipeline.client import PolicyClient
+
     env = gym.make(env_id)
-    rng = np.random.default_rng(seed)
-    policy: NumpyPolicy | None = None
-    rows: list[dict[str, Any]] = []
-    with DatasetWriter(data) as writer:
-        episode = 0
-        while not stop_file.exists():
-            path = latest_checkpoint(data)
-            if path is None:
-                time.sleep(0.05)
-                continue
-            if policy is None or path.name != f"policy-{policy.version:08d}.npz":
-                policy = NumpyPolicy(load_checkpoint(path))
-            observation, _ = env.reset(seed=seed * 100_000 + episode)
-            ended, t = False, 0
-            while not ended:
-                action, logp = policy.act(observation[None], rng)
-                next_observation, reward, terminated, truncated, _ = env.step(action[0])
-                ended = terminated or truncated
-                rows.append(
-                    {
-                        "episode_id": f"c{seed}-{episode}",
-                        "t": t,
-                        "observation": observation,
-                        "action": action[0],
-                        "reward": float(reward),
-                        "next_observation": next_observation,
-                        "terminated": terminated,
-                        "truncated": truncated,
-                        "action_logp": float(logp[0]),
-                        "policy_version": policy.version,
-                    }
-                )
-                observation, t = next_observation, t + 1
-            if len(rows) >= 256:
-                writer.append_rows(rows)
-                writer.flush()
-                rows = []
-            episode += 1
-    env.close()
-
-
-def online(
-    algorithm: str,
-    env_id: str,
-    root: Path,
-    budget: float,
-    stop: float,
-    extra: list[str],
-    clients: int,
-) -> tuple[float, float, int]:
-    """(seconds to reach ``stop``, best score, env steps) of ``rlpipe train --follow``."""
-    data, run_dir = root / f"live-{algorithm}", root / f"run-{algorithm}"
-    env = gym.make(env_id)
-    DatasetWriter(data, env.observation_space, env.action_space, env_id=env_id).close()
-    env.close()
-    stop_file = root / f"stop-{algorithm}"
-    processes = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--client", str(data), env_id, str(stop_file), str(seed)]
-        )
-        for seed in range(clients)
-    ]
-    started = time.perf_counter()
+    env.action_space.seed(seed)
+    policy_client = PolicyClient(address, inference_mode="local", update_interval=1.0,
+                                 spool_dir=spool, seed=seed)  # fmt: skip
+    number, due = 0, time.monotonic()
     try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            rlpipe(
-                [
-                    "train",
-                    algorithm,
-                    "--data",
-                    str(data),
-                    "--follow",
-                    "--run-dir",
-                    str(run_dir),
-                    "--max-seconds",
-                    str(budget),
-                    "--stop-return",
-                    str(stop),
-                    *extra,
-                ]
-            )
+        while True:
+            observation, _ = env.reset(seed=seed * 100_000 + number)
+            episode_id = policy_client.start_episode(seed=seed * 100_000 + number)
+            terminated = truncated = False
+            while not (terminated or truncated):
+                action = policy_client.get_action(episode_id, observation)
+                observation, reward, terminated, truncated, _ = env.step(action)
+                policy_client.log_returns(episode_id, float(reward))
+                if rate:
+                    due = max(due + 1.0 / rate, time.monotonic() - 1.0)
+                    time.sleep(max(0.0, due - time.monotonic()))
+            policy_client.end_episode(episode_id, observation, truncated=truncated)
+            number += 1
+    except KeyboardInterrupt:
+        pass
     finally:
-        stop_file.touch()
-        for process in processes:
+        policy_client.close(timeout_s=5.0)
+        env.close()
+
+
+def _serve(data: Path, env_id: str) -> tuple[subprocess.Popen[str], str]:
+    """``rlpipe serve`` on a free port; its address is the first URL it prints."""
+    command = [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data),
+               "--env", env_id, "--port", "0", "--commit-age", "0.25"]  # fmt: skip
+    server = subprocess.Popen(command, text=True, env=ENV, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    if server.stdout is None:
+        raise SystemExit("rlpipe serve has no output to read its address from")
+    for line in server.stdout:
+        found = re.search(r"http://[\d.]+:\d+", line)
+        if found:
+            # keep reading its log, so a full pipe never blocks the server
+            threading.Thread(target=server.stdout.read, daemon=True).start()
+            return server, found.group(0)
+    raise SystemExit(f"rlpipe serve exited ({server.wait()}) before listening")
+
+
+def _stop(processes: list[subprocess.Popen[Any]], timeout: float) -> None:
+    """SIGINT to all at once (clients deliver, the server closes its episodes), then kill any
+    still running after ``timeout`` seconds."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
             process.wait()
-    seconds = time.perf_counter() - started
-    key = "episode_return" if algorithm == "ppo" else "eval_return"
-    records = [m for m in _metrics(run_dir) if m.get(key) is not None]
-    best = max((m[key] for m in records), default=float("nan"))
-    steps = max((m.get("env_steps", 0) for m in records), default=0)
-    return (seconds if best >= stop else float("inf")), best, steps
 
 
-def sb3_ppo(budget: float) -> tuple[float, int]:
+def _watch(
+    trainer: subprocess.Popen[Any], run_dir: Path, key: str, stop: float, deadline: float
+) -> dict[str, Any] | None:
+    """The first metrics record at ``stop``, with ``launch_seconds`` (from the call to when it
+    was seen) added; None if the trainer ended or ``deadline`` passed without one."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < deadline:
+        exited = trainer.poll() is not None  # before the look: its last record is then in
+        for record in _metrics(run_dir):
+            if record.get(key) is not None and record[key] >= stop:
+                return {**record, "launch_seconds": time.perf_counter() - started}
+        if exited:
+            return None
+        time.sleep(0.1)
+    return None
+
+
+@dataclass(frozen=True)
+class OnlineRun:
+    """One online run: the env, the bar, the trainer's options and the clients."""
+
+    algorithm: str
+    env_id: str
+    stop: float
+    options: tuple[str, ...]
+    clients: int
+    client_rate: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return "episode_return" if self.algorithm == "ppo" else "eval_return"
+
+
+def online(run: OnlineRun, root: Path, budget: float) -> tuple[dict[str, Any] | None, list[Any]]:
+    """(the first record at the bar or None, all records with a score) of ``rlpipe train
+    --follow`` on the dataset ``rlpipe serve`` writes for ``run.clients`` client processes."""
+    data, run_dir = root / f"live-{run.algorithm}", root / f"run-{run.algorithm}"
+    server, address = _serve(data, run.env_id)
+    processes: list[subprocess.Popen[Any]] = []
+    try:
+        command = [sys.executable, "-m", "pipeline.cli", "train", run.algorithm, "--follow",
+                   "--data", str(data), "--run-dir", str(run_dir), "--max-seconds", str(budget),
+                   "--stop-return", str(run.stop), *run.options]  # fmt: skip
+        with (root / f"train-{run.algorithm}.log").open("w") as log:
+            trainer = subprocess.Popen(command, env=ENV, cwd=ROOT, stdout=log,
+                                       stderr=subprocess.STDOUT)  # fmt: skip
+        processes.append(trainer)
+        for seed in range(run.clients):
+            argv = [sys.executable, __file__, "--client", address, run.env_id, str(seed),
+                    str(root / f"spool-{run.algorithm}-{seed}"), str(run.client_rate)]  # fmt: skip
+            processes.append(subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL))
+        reached = _watch(trainer, run_dir, run.key, run.stop, budget + 60.0)
+    finally:
+        _stop(processes, timeout=30.0)  # clients and trainer, then the server they talk to
+        _stop([server], timeout=30.0)
+    if reached is None:  # say why: the trainer's last words
+        tail = (root / f"train-{run.algorithm}.log").read_text().splitlines()[-5:]
+        print(f"{run.algorithm} trainer (exit {trainer.returncode}) ended with:", *tail,
+              sep="\n  ")  # fmt: skip
+    return reached, [m for m in _metrics(run_dir) if m.get(run.key) is not None]
+
+
+def sb3_ppo(budget: float) -> tuple[float | None, int]:
     """SB3 PPO with RL-Zoo's CartPole-v1 hyperparameters, until 20-episode mean return >= 475."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -234,10 +272,10 @@ def sb3_ppo(budget: float) -> tuple[float, int]:
     started = time.perf_counter()
     model.learn(total_timesteps=100_000, callback=Stop())
     seconds = time.perf_counter() - started
-    return (seconds if solved[0] else float("inf")), model.num_timesteps
+    return (seconds if solved[0] else None), model.num_timesteps
 
 
-def sb3_sac(budget: float) -> tuple[float, int]:
+def sb3_sac(budget: float) -> tuple[float | None, int]:
     """SB3 SAC (RL-Zoo's Pendulum-v1 settings) until the greedy evaluation return >= -200."""
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
@@ -261,79 +299,112 @@ def sb3_sac(budget: float) -> tuple[float, int]:
     started = time.perf_counter()
     model.learn(total_timesteps=20_000, callback=Stop())
     seconds = time.perf_counter() - started
-    return (seconds if solved[0] else float("inf")), model.num_timesteps
+    return (seconds if solved[0] else None), model.num_timesteps
 
 
-def _ratio(ours: float, theirs: float) -> float:
-    """Wall-time ratio; NaN when neither reached the bar within the budget."""
-    return float("nan") if ours == theirs == float("inf") else ours / theirs
+def _seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.1f} s"
+
+
+def _ratio(name: str, ours: float | None, theirs: float | None, budget: float) -> float | None:
+    """Wall-time ratio; None (and why) when either side missed the bar within the budget."""
+    if ours is None or theirs is None:
+        missed = " and ".join(w for w, s in (("rlpipe", ours), ("SB3", theirs)) if s is None)
+        print(f"{name}: null, {missed} did not reach the bar within {budget:.0f} s")
+        return None
+    return ours / theirs
+
+
+def _online_figures(only: set[str], root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    runs = [
+        OnlineRun("ppo", "CartPole-v1", 475.0,
+                  ("--batch-size", "512", "--lr", "1e-3", "--eval-episodes", "1"),
+                  args.ppo_clients),
+        OnlineRun("sac", "Pendulum-v1", -200.0, ("--batch-size", "256", "--eval-every", "250"),
+                  args.sac_clients, args.sac_client_rate),
+    ]  # fmt: skip
+    figures: dict[str, Any] = {}
+    for run in runs:
+        if run.algorithm not in only:
+            continue
+        reached, records = online(run, root, args.budget)
+        theirs, their_steps = (sb3_ppo if run.algorithm == "ppo" else sb3_sac)(args.budget)
+        ours = None if reached is None else float(reached["seconds"])
+        launch = None if reached is None else float(reached["launch_seconds"])
+        best = max((m[run.key] for m in records), default=None)
+        steps = (reached or (records[-1] if records else {})).get("env_steps", 0)
+        print(
+            f"{run.algorithm.upper()} {run.env_id}: rlpipe {_seconds(ours)} on the trainer's "
+            f"clock ({_seconds(launch)} from launching it; "
+            f"{steps} steps read by the trainer, {run.clients} client(s), best "
+            f"{'none' if best is None else f'{best:.0f}'}); "
+            f"SB3 {_seconds(theirs)} ({their_steps} steps)",
+            flush=True,
+        )  # fmt: skip
+        name = f"{run.algorithm}_wall_vs_sb3"
+        figures[name] = _ratio(name, ours, theirs, args.budget)
+    return figures
+
+
+def _offline_figures(only: set[str], root: Path, budget: float) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for name, users in (("cartpole/cartpole-v1_large", {"bc", "marwil"}),
+                        ("pendulum/pendulum-v1_enormous", {"cql"})):  # fmt: skip
+        if only & users and not (ANCHOR / name).is_dir():
+            print(f"{', '.join(sorted(only & users))} skipped: no anchor data at {ANCHOR / name}")
+    cartpole = ANCHOR / "cartpole" / "cartpole-v1_large"
+    if only & {"bc", "marwil"} and cartpole.is_dir():
+        data = rllib_dataset(cartpole, root / "rllib-cartpole", "CartPole-v1", 200)
+        for algorithm in sorted(only & {"bc", "marwil"}):
+            score = offline(algorithm, data, root, min(budget, 60.0), 500.0)
+            print(f"{algorithm.upper()} on RLlib CartPole: eval return {_score(score)} "
+                  "(RLlib's learning test asks 350)", flush=True)  # fmt: skip
+            figures[f"{algorithm}_rllib_cartpole_return"] = score
+    pendulum = ANCHOR / "pendulum" / "pendulum-v1_enormous"
+    if "cql" in only and pendulum.is_dir():
+        data = rllib_dataset(pendulum, root / "rllib-pendulum", "Pendulum-v1", 200)
+        score = offline("cql", data, root, budget, -150.0)
+        print(f"CQL on RLlib Pendulum: eval return {_score(score)} (RLlib's test asks -700)",
+              flush=True)  # fmt: skip
+        figures["cql_rllib_pendulum_return"] = score
+    return figures
+
+
+def _score(value: float | None) -> str:
+    return "none (no evaluation within the budget)" if value is None else f"{value:.1f}"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--only", default="ppo,sac,bc,marwil,cql")
+    parser.add_argument("--ppo-clients", type=int, default=2, help="CartPole client processes")
+    parser.add_argument("--sac-clients", type=int, default=1, help="Pendulum client processes")
     parser.add_argument(
-        "--client", nargs=4, metavar=("DATA", "ENV", "STOP_FILE", "SEED"), help=argparse.SUPPRESS
+        "--sac-client-rate",
+        type=float,
+        default=300.0,
+        help="steps a second each Pendulum client takes at most (0: no limit)",
     )
+    parser.add_argument("--client", nargs=5, metavar=("ADDRESS", "ENV", "SEED", "SPOOL", "RATE"),
+                        help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args()
     if args.client:
-        data, env_id, stop_file, seed = args.client
-        client(Path(data), env_id, Path(stop_file), int(seed))
+        address, env_id, seed, spool, rate = args.client
+        client(address, env_id, int(seed), Path(spool), float(rate))
         return
+    import torch
+
+    torch.set_num_threads(1)  # as every subprocess has OMP_NUM_THREADS=1: 2 shared cores
     only = set(args.only.split(","))
-    figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        if "ppo" in only:
-            ours, best, steps = online(
-                "ppo",
-                "CartPole-v1",
-                root,
-                args.budget,
-                475.0,
-                ["--batch-size", "2048", "--lr", "0.001"],
-                clients=2,
-            )
-            theirs, their_steps = sb3_ppo(args.budget)
-            print(
-                f"PPO CartPole: rlpipe {ours:.1f} s ({steps} steps, best {best:.0f}); "
-                f"SB3 {theirs:.1f} s ({their_steps} steps)"
-            )
-            figures["ppo_wall_vs_sb3"] = _ratio(ours, theirs)
-        if "sac" in only:
-            ours, best, steps = online(
-                "sac",
-                "Pendulum-v1",
-                root,
-                args.budget,
-                -200.0,
-                ["--batch-size", "256", "--eval-every", "1000"],
-                clients=1,
-            )
-            theirs, their_steps = sb3_sac(args.budget)
-            print(
-                f"SAC Pendulum: rlpipe {ours:.1f} s ({steps} steps, best {best:.0f}); "
-                f"SB3 {theirs:.1f} s ({their_steps} steps)"
-            )
-            figures["sac_wall_vs_sb3"] = _ratio(ours, theirs)
-        cartpole = ANCHOR / "cartpole" / "cartpole-v1_large"
-        if only & {"bc", "marwil"} and cartpole.is_dir():
-            data = rllib_dataset(cartpole, root / "rllib-cartpole", "CartPole-v1", 200)
-            for algorithm in sorted(only & {"bc", "marwil"}):
-                score = offline(algorithm, data, root, min(args.budget, 60.0), 500.0)
-                print(
-                    f"{algorithm.upper()} on RLlib CartPole: eval return {score:.1f} "
-                    f"(RLlib's learning test asks 350)"
-                )
-                figures[f"{algorithm}_rllib_cartpole_return"] = score
-        pendulum = ANCHOR / "pendulum" / "pendulum-v1_enormous"
-        if "cql" in only and pendulum.is_dir():
-            data = rllib_dataset(pendulum, root / "rllib-pendulum", "Pendulum-v1", 200)
-            score = offline("cql", data, root, args.budget, -150.0)
-            print(f"CQL on RLlib Pendulum: eval return {score:.1f} (RLlib's test asks -700)")
-            figures["cql_rllib_pendulum_return"] = score
-    report(figures)
+        figures = _online_figures(only, root, args)
+        figures.update(_offline_figures(only, root, args.budget))
+    rounded = {k: None if v is None else round(v, 4) for k, v in figures.items()}
+    print(json.dumps(rounded, allow_nan=False))
 
 
 if __name__ == "__main__":
