@@ -68,10 +68,10 @@ def _recover_dir(root: str, directory: Path) -> list[Recovered]:
         return []  # its writer is alive
     try:
         writer_id = directory.name
-        done = [_recover_segment(root, writer_id, segment) for segment in _segments(directory)]
+        recovered = [_recover_segment(root, writer_id, segment) for segment in _segments(directory)]
         _remove_stale_tmp(root, writer_id)
         _remove_dir(directory)
-        return [item for item in done if item is not None]
+        return [item for item in recovered if item is not None]
     finally:
         os.close(fd)
 

@@ -96,7 +96,7 @@ class _Run:
             )
         return self.log.record(**values)
 
-    def done(self, score: float | None) -> bool:
+    def finished(self, score: float | None) -> bool:
         s = self.settings
         return (
             (s.stop_return is not None and score is not None and score >= s.stop_return)
@@ -119,9 +119,9 @@ def train_offline(trainer: Any, settings: LoopSettings, log: RunLog) -> dict[str
             buffer.replace_rows(data.replace(extras={"returns": trainer.returns(data)}))
         metrics = trainer.update(buffer.sample(settings.batch_size))
         run.updates += 1
-        if run.updates % settings.eval_every == 0 or run.done(None):
+        if run.updates % settings.eval_every == 0 or run.finished(None):
             entry = run.publish(rows=len(data), **metrics)
-            if run.done(entry.get("eval_return")):
+            if run.finished(entry.get("eval_return")):
                 return entry
 
 
@@ -158,7 +158,7 @@ def _online_episodes(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
         entry = run.publish(
             env_steps=env_steps, skipped_rows=skipped, episode_return=score, **metrics
         )
-        if run.done(score):
+        if run.finished(score):
             break
     return entry
 
@@ -178,9 +178,9 @@ def _online_transitions(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
             metrics = run.trainer.update(buffer.sample(s.batch_size))
             run.updates += 1
             since_publish += 1
-        if since_publish >= s.eval_every or run.done(None):
+        if since_publish >= s.eval_every or run.finished(None):
             since_publish = 0
             entry = run.publish(env_steps=env_steps, **metrics)
-            if run.done(entry.get("eval_return")):
+            if run.finished(entry.get("eval_return")):
                 break
     return entry
