@@ -8,7 +8,7 @@ tuples of arrays, nested like the space; everything else is a numpy array with t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,17 +75,18 @@ class Batch:
         return self.map(lambda array: array[index])
 
     @staticmethod
-    def concat(batches: list[Batch]) -> Batch:
-        """Rows of several batches (with the same fields) as one batch."""
-        if len(batches) == 1:
-            return batches[0]
-        first = batches[0]
+    def concat(batches: Iterable[Batch]) -> Batch:
+        """The rows of all, in order; a field or extra missing from any of them is dropped."""
+        parts = list(batches)
+        if len(parts) <= 1:
+            return parts[0] if parts else Batch()
         fields = {
-            name: _join([getattr(batch, name) for batch in batches])
+            name: _join([getattr(part, name) for part in parts])
             for name in _FIELD_NAMES
-            if getattr(first, name) is not None
+            if all(getattr(part, name) is not None for part in parts)
         }
-        extras = {key: _join([batch.extras[key] for batch in batches]) for key in first.extras}
+        shared = [key for key in parts[0].extras if all(key in part.extras for part in parts)]
+        extras = {key: _join([part.extras[key] for part in parts]) for key in shared}
         return Batch(**fields, extras=extras)
 
     def map(self, function: Any) -> Batch:
@@ -141,11 +142,11 @@ def _join(values: list[Any]) -> Any:
         return {key: _join([value[key] for value in values]) for key in first}
     if isinstance(first, tuple):
         return tuple(_join([value[i] for value in values]) for i in range(len(first)))
-    if isinstance(first, np.ndarray):
-        return np.concatenate(values)
-    import torch  # a batch already on torch (``InputReader(..., device=...)``)
+    if type(first).__module__.partition(".")[0] == "torch":
+        import torch  # a batch already on torch (``InputReader(..., device=...)``)
 
-    return torch.cat(values)
+        return torch.cat(values)
+    return np.concatenate([np.asarray(value) for value in values])
 
 
 def _apply(function: Any, value: Any) -> Any:

@@ -12,7 +12,6 @@ import pytest
 from pipeline.batch import Batch
 from pipeline.errors import ConfigError
 from pipeline.policy import Checkpoint, NumpyPolicy
-from pipeline.trainers.buffer import concat
 from pipeline.trainers.evaluation import evaluate
 from pipeline.trainers.ppo import PPO, PPOConfig
 
@@ -40,7 +39,7 @@ def rollouts(checkpoint: Checkpoint, env: gym.Env[Any, Any], steps: int, seed: i
         episodes.append(Batch(**{key: np.asarray(value) for key, value in columns.items()}))
         rows += len(episodes[-1])
         episode += 1
-    return concat(episodes)
+    return Batch.concat(episodes)
 
 
 _FIELDS = ("observations", "actions", "rewards", "next_observations", "terminateds",

@@ -10,7 +10,6 @@ import numpy as np
 
 from pipeline import DatasetWriter, InputReader
 from pipeline.batch import Batch
-from pipeline.trainers.buffer import concat
 
 
 def balance(observation: np.ndarray) -> int:
@@ -85,7 +84,7 @@ def bandit_reward(actions: np.ndarray, s: np.ndarray, discrete: bool) -> float:
 
 def read_all(path: Path) -> Batch:
     """The whole dataset as one Batch of whole episodes in t order."""
-    return concat(InputReader(path, episodes=True))
+    return Batch.concat(InputReader(path, episodes=True))
 
 
 def rllib_cartpole(source: Path, path: Path) -> Path:

@@ -7,28 +7,10 @@ keeps the newest ``capacity`` rows, as a replay buffer does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
-
 import numpy as np
 
 from pipeline.batch import Batch
 from pipeline.errors import ConfigError
-
-
-def concat(batches: Iterable[Batch]) -> Batch:
-    """One Batch with the rows of all, in order; a field missing from any batch is dropped."""
-    parts = list(batches)
-    if not parts:
-        return Batch()
-    fields = {
-        name: _join([getattr(part, name) for part in parts])
-        for name in Batch.__dataclass_fields__
-        if name != "extras" and all(getattr(part, name) is not None for part in parts)
-    }
-    shared = set.intersection(*(set(part.extras) for part in parts))
-    extras = {key: _join([part.extras[key] for part in parts]) for key in sorted(shared)}
-    return Batch(**fields, extras=extras)
 
 
 class ReplayBuffer:
@@ -53,7 +35,9 @@ class ReplayBuffer:
     def rows(self) -> Batch:
         """Everything held, as one Batch (joined lazily: adding is cheap, sampling joins once)."""
         if self._pending:
-            joined = concat([self._rows, *self._pending] if len(self._rows) else self._pending)
+            joined = Batch.concat(
+                [self._rows, *self._pending] if len(self._rows) else self._pending
+            )
             self._pending = []
             self._rows = joined[max(0, len(joined) - self.capacity) :]
         return self._rows
@@ -65,12 +49,3 @@ class ReplayBuffer:
     def sample(self, n: int) -> Batch:
         rows = self.rows
         return rows[self.rng.integers(len(rows), size=n)]
-
-
-def _join(values: list[Any]) -> Any:
-    first = values[0]
-    if isinstance(first, Mapping):
-        return {key: _join([value[key] for value in values]) for key in first}
-    if isinstance(first, tuple):
-        return tuple(_join([value[i] for value in values]) for i in range(len(first)))
-    return np.concatenate([np.asarray(value) for value in values])

@@ -33,7 +33,7 @@ from pipeline.batch import Batch
 from pipeline.errors import ConfigError, DatasetError
 from pipeline.reader import InputReader
 from pipeline.trainers import state
-from pipeline.trainers.buffer import ReplayBuffer, concat
+from pipeline.trainers.buffer import ReplayBuffer
 from pipeline.trainers.evaluation import evaluate
 from pipeline.trainers.runlog import RunLog
 
@@ -107,7 +107,7 @@ class _Run:
 
 def train_offline(trainer: Any, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
     run = _Run(trainer, settings, log)
-    data = concat(InputReader(settings.data, episodes=True))
+    data = Batch.concat(InputReader(settings.data, episodes=True))
     if not len(data):
         raise DatasetError(f"{settings.data}: no rows to train on")
     buffer = ReplayBuffer(capacity=max(1, len(data)), seed=settings.seed)
@@ -152,7 +152,7 @@ def _online_episodes(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
         pending.append(episode)
         if sum(len(part) for part in pending) < s.batch_size:
             continue
-        metrics = run.trainer.update(concat(pending))
+        metrics = run.trainer.update(Batch.concat(pending))
         pending, run.updates = [], run.updates + 1
         score = float(np.mean(returns)) if returns else None
         entry = run.publish(
