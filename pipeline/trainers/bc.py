@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pipeline.batch import Batch
-from pipeline.policy import Checkpoint, ModelSpec
+from pipeline.policy import Checkpoint
 from pipeline.trainers import state, validation
 from pipeline.trainers.networks import (
     PolicyNetwork,
@@ -80,15 +80,7 @@ class BC:
 
     def checkpoint(self, version: int) -> Checkpoint:
         """The policy as a :mod:`pipeline.policy` checkpoint, for clients, server and resuming."""
-        spec = ModelSpec(
-            self.policy.observation_space,
-            self.policy.action_space,
-            hidden=self.config.hidden,
-            activation=self.config.activation,
-            distribution=self.policy.distribution,
-            algorithm=self.algorithm,
-        )
-        return Checkpoint(version, spec, self.policy.export())
+        return self.policy.checkpoint(version, self.algorithm)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {

@@ -21,7 +21,7 @@ import torch
 
 from pipeline import flattening
 from pipeline.batch import Batch
-from pipeline.policy import Checkpoint, ModelSpec
+from pipeline.policy import Checkpoint
 from pipeline.trainers import state, validation
 from pipeline.trainers.networks import (
     MLP,
@@ -134,15 +134,7 @@ class MARWIL:
 
     def checkpoint(self, version: int) -> Checkpoint:
         """The policy (``pi.*``) with the value net riding along as ``vf.*``."""
-        spec = ModelSpec(
-            self.policy.observation_space,
-            self.policy.action_space,
-            hidden=self.config.hidden,
-            activation=self.config.activation,
-            distribution=self.policy.distribution,
-            algorithm=self.algorithm,
-        )
-        return Checkpoint(version, spec, {**self.policy.export(), **export("vf", self.value)})
+        return self.policy.checkpoint(version, self.algorithm, export("vf", self.value))
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {

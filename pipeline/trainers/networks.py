@@ -19,7 +19,7 @@ from torch import nn
 
 from pipeline import flattening
 from pipeline.errors import ConfigError
-from pipeline.policy import LOG_STD_MAX, LOG_STD_MIN
+from pipeline.policy import LOG_STD_MAX, LOG_STD_MIN, Checkpoint, ModelSpec
 
 
 class MLP(nn.Module):
@@ -134,6 +134,7 @@ class PolicyNetwork(nn.Module):
     ) -> None:
         super().__init__()
         self.observation_space, self.action_space = observation_space, action_space
+        self.hidden, self.activation = hidden, activation
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         out_dim = flattening.flatdim(action_space)  # n for Discrete: the one-hot width
         self.pi = MLP(flattening.flatdim(observation_space), hidden, out_dim, activation)
@@ -161,3 +162,17 @@ class PolicyNetwork(nn.Module):
         if not self.discrete:
             arrays["log_std"] = self.log_std.detach().cpu().numpy().copy()
         return arrays
+
+    def checkpoint(
+        self, version: int, algorithm: str, extra: dict[str, np.ndarray] | None = None
+    ) -> Checkpoint:
+        """This policy as a :mod:`pipeline.policy` checkpoint; ``extra`` arrays ride along."""
+        spec = ModelSpec(
+            self.observation_space,
+            self.action_space,
+            hidden=self.hidden,
+            activation=self.activation,
+            distribution=self.distribution,
+            algorithm=algorithm,
+        )
+        return Checkpoint(version, spec, {**self.export(), **(extra or {})})

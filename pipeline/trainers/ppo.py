@@ -34,7 +34,7 @@ import torch
 
 from pipeline import flattening
 from pipeline.batch import Batch
-from pipeline.policy import Checkpoint, ModelSpec
+from pipeline.policy import Checkpoint
 from pipeline.trainers import state, validation
 from pipeline.trainers.networks import (
     MLP,
@@ -195,15 +195,7 @@ class PPO:
     def checkpoint(self, version: int) -> Checkpoint:
         """The policy (``pi.*``, ``log_std``) with ``vf.*``; rows are now judged against it."""
         self.version = version
-        spec = ModelSpec(
-            self.policy.observation_space,
-            self.policy.action_space,
-            hidden=self.config.hidden,
-            activation=self.config.activation,
-            distribution=self.policy.distribution,
-            algorithm=self.algorithm,
-        )
-        return Checkpoint(version, spec, {**self.policy.export(), **export("vf", self.value)})
+        return self.policy.checkpoint(version, self.algorithm, export("vf", self.value))
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {
