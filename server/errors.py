@@ -31,8 +31,26 @@ def bad_request(field: str, expected: str, got: Any) -> ApiError:
     return ApiError(400, f"field '{field}': expected {expected}, got {got}")
 
 
-def error_response(status: int, message: str, retry_after: int | None = None) -> Response:
-    response = jsonify({"error": {"status": status, "message": message}})
+def error_body(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"status": status, "message": message}}
+
+
+def error_answer(error: Exception) -> tuple[int, dict[str, Any], int | None]:
+    """(status, JSON body, Retry-After) for any exception: the one mapping both the Flask routes
+    and the WSGI fast path answer with. Unexpected errors are logged, never shown."""
+    if isinstance(error, ApiError):
+        return error.status, error_body(error.status, error.message), error.retry_after
+    if isinstance(error, SchemaError):
+        return 400, error_body(400, str(error).strip()), None
+    if isinstance(error, HTTPException):
+        status = error.code or 500
+        return status, error_body(status, _http_message(error)), None
+    _log.exception("internal error")
+    return 500, error_body(500, "internal server error; the server log has the details"), None
+
+
+def _response(status: int, body: dict[str, Any], retry_after: int | None) -> Response:
+    response = jsonify(body)
     response.status_code = status
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
@@ -44,14 +62,7 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _handle(error: Exception) -> Response:
-        if isinstance(error, ApiError):
-            return error_response(error.status, error.message, error.retry_after)
-        if isinstance(error, SchemaError):
-            return error_response(400, str(error).strip())
-        if isinstance(error, HTTPException):
-            return error_response(error.code or 500, _http_message(error))
-        _log.exception("internal error")
-        return error_response(500, "internal server error; the server log has the details")
+        return _response(*error_answer(error))
 
 
 def _http_message(error: HTTPException) -> str:

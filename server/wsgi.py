@@ -11,17 +11,14 @@ without a ``Content-Length``) goes to Flask unchanged.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pipeline.errors import SchemaError
 from server import handlers
-from server.errors import ApiError
+from server.errors import error_answer
 from server.messages import parse_json
 from server.service import Service
 
-_log = logging.getLogger("rlpipe.server")
 _PREFIX = "/v1/episodes/"
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             409: "Conflict", 413: "Payload Too Large", 415: "Unsupported Media Type",
@@ -51,16 +48,10 @@ class FastPath:
         headers: list[tuple[str, str]] = []
         try:
             status, answer = route(environ, counts)
-        except ApiError as error:
-            status, answer = error.status, _error(error.status, error.message)
-            if error.retry_after is not None:
-                headers.append(("Retry-After", str(error.retry_after)))
-        except SchemaError as error:
-            status, answer = 400, _error(400, str(error).strip())
-        except Exception:
-            _log.exception("internal error")
-            status = 500
-            answer = _error(500, "internal server error; the server log has the details")
+        except Exception as error:  # the same answers as the Flask routes' errorhandler
+            status, answer, retry_after = error_answer(error)
+            if retry_after is not None:
+                headers.append(("Retry-After", str(retry_after)))
         self.service.metrics.response(status, counts.steps)
         body = json.dumps(answer, separators=(",", ":")).encode()
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
@@ -114,7 +105,3 @@ class FastPath:
 
         content_type = environ.get("CONTENT_TYPE")
         return 200, handlers.upload(self.service, header, content_type, body, counts)
-
-
-def _error(status: int, message: str) -> dict[str, Any]:
-    return {"error": {"status": status, "message": message}}
