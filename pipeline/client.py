@@ -310,16 +310,9 @@ class PolicyClient:
             SchemaError: as the server would answer 400, naming the field.
         """
         space = self._space()[0]
-        if isinstance(space, gym.spaces.Box) and space.dtype.kind == "f":
-            try:
-                batch = np.asarray(values)
-            except (ValueError, TypeError):
-                batch = None
-            if batch is not None and batch.dtype.kind in "iuf" and batch.shape[1:] == space.shape:
-                with np.errstate(over="ignore"):
-                    batch = batch.astype(space.dtype, copy=False)
-                if np.isfinite(batch).all():
-                    return batch
+        batch = codec.float_box_rows(space, values)
+        if batch is not None:
+            return batch
         return codec.to_arrow_rows(space, values, field="observation")
 
     def _act(self, batch: np.ndarray | pa.Array) -> list[tuple[Any, float | None, int | None]]:

@@ -257,6 +257,32 @@ def _integers(array: np.ndarray, lo: Any, hi: Any, dtype: Any, path: str, proble
     return array.astype(dtype, copy=False)
 
 
+def float_box_rows(space: gym.Space[Any], rows: Sequence[Any]) -> np.ndarray | None:
+    """Rows of a float Box as one batch in the space's dtype, checked in one numpy pass; None
+    when they are not plainly that, and :func:`to_arrow_rows` must name the problem.
+
+    The server and the client check every step's observation; per-row dispatch through
+    :func:`to_arrow_rows` cost tens of microseconds a step, this costs a few.
+    """
+    if not isinstance(space, Box) or space.dtype.kind != "f":
+        return None
+    try:
+        batch = np.asarray(rows)
+    except (ValueError, TypeError):
+        return None
+    if batch.dtype.kind not in "biuf" or batch.shape[1:] != space.shape:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = batch.astype(space.dtype, copy=False)
+    return cast if np.isfinite(cast).all() else None
+
+
+def float_box_column(space: gym.Space[Any], rows: Sequence[Any]) -> pa.Array | None:
+    """:func:`float_box_rows` as the column :func:`to_arrow_rows` would make, or None."""
+    batch = float_box_rows(space, rows)
+    return None if batch is None else _leaf_array(batch, space)
+
+
 def _leaf_array(array: np.ndarray, space: Any) -> pa.Array:
     arrow = space_to_arrow(space)
     if not pa.types.is_fixed_size_list(arrow):

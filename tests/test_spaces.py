@@ -14,7 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Text, Tuple
 
-from pipeline.codec import from_arrow, sample_batch, to_arrow, to_arrow_rows
+from pipeline.codec import (
+    float_box_column,
+    float_box_rows,
+    from_arrow,
+    sample_batch,
+    to_arrow,
+    to_arrow_rows,
+)
 from pipeline.errors import SchemaError, SpaceError
 from pipeline.flattening import flatdim, flatten
 from pipeline.spaces import (
@@ -418,3 +425,14 @@ def test_space_from_field_needs_its_metadata() -> None:
         SpaceError, match=re.escape("field 'x' has type int32, but its space is stored as int64")
     ):
         space_from_field(space_field("x", Discrete(2)).with_type(pa.int32()))
+
+
+def test_float_box_fast_check_agrees_with_to_arrow_rows() -> None:
+    box = Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+    good = [[0.5, 2.0], [1, 0]]  # bounds are not enforced; ints cast
+    batch = float_box_rows(box, good)
+    assert batch is not None and batch.dtype == np.float32 and batch.shape == (2, 2)
+    assert float_box_column(box, good) == to_arrow_rows(box, good)
+    for bad in ([[np.nan, 0.0]], [[0.0]], [["a", "b"]], [[0.0, 1.0], [0.0]]):
+        assert float_box_rows(box, bad) is None  # the full check then names the problem
+    assert float_box_rows(Discrete(3), [1, 2]) is None
