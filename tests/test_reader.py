@@ -18,7 +18,6 @@ import pytest
 from conftest import cartpole_rollout, cartpole_spaces
 
 from pipeline import (
-    Batch,
     ConfigError,
     DatasetError,
     DatasetWriter,
@@ -178,19 +177,39 @@ def test_next_cycles_like_rllib(make_dataset: Any) -> None:
 def test_to_torch_types_and_memory(make_dataset: Any) -> None:
     import torch
 
-    batch = next(iter(InputReader(make_dataset(steps=10))))
+    path = make_dataset(steps=10)
+    batch = next(iter(InputReader(path)))
     tensors = batch.to_torch()
     assert tensors.observations.dtype == torch.float32 and tensors.observations.shape == (10, 4)
     assert tensors.terminateds.dtype == torch.bool
     assert isinstance(tensors.episode_ids, np.ndarray)
-    # zero-copy views of Arrow memory are read-only, so torch gets a copy it may write to
-    assert not batch.observations.flags.writeable
+    # a decoded chunk's buffers are the reader's own: writable, and shared with torch, not copied
+    assert batch.observations.flags.writeable and batch.rewards.flags.writeable
     tensors.observations.add_(1.0)
-    assert np.array_equal(batch.observations + 1.0, tensors.observations.numpy())
-    # writable arrays are shared, not copied
-    own = Batch(rewards=np.zeros(3))
-    own.to_torch().rewards.add_(2.0)
-    assert own.rewards.tolist() == [2.0, 2.0, 2.0]
+    assert np.array_equal(batch.observations, tensors.observations.numpy())
+    # Arrow memory the reader does not own (here: an IPC body) stays read-only and torch copies it
+    table = pq.read_table(next((path / "steps").rglob("*.parquet")))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    foreign = InputReader(path).to_batch(pa.ipc.open_stream(sink.getvalue()).read_all())
+    assert not foreign.observations.flags.writeable and not foreign.rewards.flags.writeable
+    before = foreign.observations.copy()
+    foreign.to_torch().observations.add_(1.0)
+    assert np.array_equal(foreign.observations, before)
+
+
+def test_writing_one_batch_leaves_the_others_alone(make_dataset: Any) -> None:
+    path = make_dataset(steps=300)
+    for shuffle in (False, True):
+        reader = InputReader(path, batch_size=64, shuffle=shuffle, shuffle_buffer=100, seed=3)
+        expected = [b.rewards.copy() for b in reader]
+        batches = list(InputReader(path, batch_size=64, shuffle=shuffle, shuffle_buffer=100, seed=3,
+                                   device="cpu"))  # fmt: skip
+        for batch in batches:
+            batch.rewards.mul_(-1.0)
+            batch.observations.zero_()
+        assert [b.rewards.neg().tolist() for b in batches] == [e.tolist() for e in expected]
 
 
 def test_pandas_reads_the_files_unchanged(make_dataset: Any) -> None:
@@ -277,3 +296,24 @@ def test_reads_a_dataset_that_rlpipe_did_not_write(tmp_path: Path) -> None:
     assert episode.observations[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert episode.actions.tolist() == [0, 1, 2, 0, 1]
     assert np.isnan(episode.action_logps).all() and (episode.policy_versions == -1).all()
+
+
+def test_missing_logp_and_version_read_as_nan_and_minus_one(tmp_path: Path) -> None:
+    """Rows logged with and without a policy in one chunk, and a chunk with none at all."""
+    path = tmp_path / "ds"
+    rows = cartpole_rollout(30, seed=4)
+    logps = pa.array([None if i % 3 else -0.5 for i in range(30)], pa.float64())
+    versions = pa.array([None if i % 3 else 7 for i in range(30)], pa.int64())
+    with DatasetWriter(path, *cartpole_spaces()) as writer:
+        writer.append(rows | {"action_logp": logps, "policy_version": versions})
+        writer.flush()
+        writer.append(cartpole_rollout(10, seed=5))
+    for device in (None, "cpu"):
+        batches = list(InputReader(path, batch_size=30, device=device))
+        mixed, none = (np.asarray(b.action_logps) for b in batches)
+        assert np.array_equal(mixed, [-0.5 if i % 3 == 0 else np.nan for i in range(30)],
+                              equal_nan=True)  # fmt: skip
+        assert np.asarray(batches[0].policy_versions).tolist() == [
+            7 if i % 3 == 0 else -1 for i in range(30)
+        ]
+        assert np.isnan(none).all() and (np.asarray(batches[1].policy_versions) == -1).all()
