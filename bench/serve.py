@@ -6,7 +6,11 @@ same run: a bare Flask route answering empty JSON on the same WSGI server, hit b
 processes (the ceiling for one round trip per step; ratios are to it), and a bare WSGI function
 (the ceiling without a framework); and, for reference, RLlib's figures on this machine quoted by
 the issue (193 remote steps/s with 8 clients, 4.7 ms p50 get_action).
-Run: ``python bench/serve.py [--seconds S]``.
+
+Clients make their envs with ``gym.make("CartPole-v1", disable_env_checker=True)``: the checker
+is a wrapper that type-checks every step's output (the simulator's cost, not the pipeline's);
+every step is still a real CartPole step, and only steps the server acknowledged are counted.
+Run: ``python bench/serve.py [--seconds S] [--only remote,vector,local,ingest]``.
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ def worker_remote(url: str, seconds: float, start_at: float, seed: int) -> dict[
     from pipeline.client import PolicyClient
 
     client = PolicyClient(url, inference_mode="remote")
-    env = gym.make("CartPole-v1")
+    env = gym.make("CartPole-v1", disable_env_checker=True)
     latencies: list[float] = []
     _wait(start_at)
+    cpu = time.process_time()
     deadline = time.perf_counter() + seconds
     episode = 0
     while time.perf_counter() < deadline:
@@ -66,44 +71,54 @@ def worker_remote(url: str, seconds: float, start_at: float, seed: int) -> dict[
                 break
         episode += 1
     elapsed = seconds + max(0.0, time.perf_counter() - deadline)
-    return {"steps": len(latencies), "seconds": elapsed, "latencies": latencies}
+    return {"steps": len(latencies), "seconds": elapsed, "latencies": latencies,
+            "cpu": time.process_time() - cpu}  # fmt: skip
 
 
 def worker_vector(
     url: str, seconds: float, start_at: float, seed: int, envs: int
 ) -> dict[str, Any]:
+    """Many envs, one request per step of all of them, in the columnar batch form."""
     import gymnasium as gym
 
     from pipeline.transport import Http
 
     http = Http(url, None, 30.0, None)
-    sims = [gym.make("CartPole-v1") for _ in range(envs)]
+    sims = [gym.make("CartPole-v1", disable_env_checker=True) for _ in range(envs)]
     ids = [f"w{seed}-{i}-0" for i in range(envs)]
-    observations = [sim.reset(seed=seed * 100 + i)[0] for i, sim in enumerate(sims)]
-    entries: list[dict[str, Any]] = [
-        {"episode_id": ids[i], "observation": observations[i].tolist(), "start": {}}
-        for i in range(envs)
-    ]
-    steps, counts = 0, [0] * envs
+    counts = [0] * envs
+    body: dict[str, Any] = {
+        "episode_ids": list(ids),
+        "observations": [sim.reset(seed=seed * 100 + i)[0].tolist() for i, sim in enumerate(sims)],
+        "starts": [{}] * envs,
+    }
+    steps, rows = 0, list(range(envs))  # rows: where each env's episode is in the body
     _wait(start_at)
+    cpu = time.process_time()
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
-        answer = http.call("POST", "/v1/actions", json={"episodes": entries})
-        actions = {e["episode_id"]: e.get("action") for e in answer.json()["episodes"]}
-        next_entries = []
+        actions = http.call("POST", "/v1/actions", json=body).json()["actions"]
+        body = {"episode_ids": [], "observations": [], "rewards": [], "terminated": [],
+                "truncated": [], "starts": []}  # fmt: skip
         for i, sim in enumerate(sims):
-            observation, reward, terminated, truncated, _ = sim.step(actions[ids[i]])
+            observation, reward, terminated, truncated, _ = sim.step(actions[rows[i]])
             steps += 1
-            entry = {"episode_id": ids[i], "observation": observation.tolist(), "reward": reward}
+            _entry(body, ids[i], observation.tolist(), reward, terminated, truncated, None)
             if terminated or truncated:
-                next_entries.append({**entry, "terminated": terminated, "truncated": truncated})
                 counts[i] += 1
                 ids[i] = f"w{seed}-{i}-{counts[i]}"
-                observation, _ = sim.reset()
-                entry = {"episode_id": ids[i], "observation": observation.tolist(), "start": {}}
-            next_entries.append(entry)
-        entries = next_entries
-    return {"steps": steps, "seconds": time.perf_counter() - began}
+                _entry(body, ids[i], sim.reset()[0].tolist(), 0.0, False, False, {})
+            rows[i] = len(body["episode_ids"]) - 1
+    return {"steps": steps, "seconds": time.perf_counter() - began,
+            "cpu": time.process_time() - cpu}  # fmt: skip
+
+
+def _entry(body: dict[str, list[Any]], episode_id: str, observation: list[float], reward: float,
+           terminated: bool, truncated: bool, start: dict[str, Any] | None) -> None:  # fmt: skip
+    for key, value in (("episode_ids", episode_id), ("observations", observation),
+                       ("rewards", reward), ("terminated", terminated),
+                       ("truncated", truncated), ("starts", start)):  # fmt: skip
+        body[key].append(value)
 
 
 def worker_local(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
@@ -113,9 +128,10 @@ def worker_local(url: str, seconds: float, start_at: float, seed: int) -> dict[s
 
     with tempfile.TemporaryDirectory() as spool:
         client = PolicyClient(url, inference_mode="local", spool_dir=spool, seed=seed)
-        env = gym.make("CartPole-v1")
+        env = gym.make("CartPole-v1", disable_env_checker=True)
         steps = 0
         _wait(start_at)
+        cpu = time.process_time()
         began = time.perf_counter()
         while time.perf_counter() - began < seconds:
             episode_id = client.start_episode(seed=seed * 1000 + steps)
@@ -129,7 +145,8 @@ def worker_local(url: str, seconds: float, start_at: float, seed: int) -> dict[s
                     client.end_episode(episode_id, observation, truncated=truncated)
                     break
         delivered = client.close(60)
-        return {"steps": steps, "seconds": time.perf_counter() - began, "ok": delivered}
+        return {"steps": steps, "seconds": time.perf_counter() - began, "ok": delivered,
+                "cpu": time.process_time() - cpu}  # fmt: skip
 
 
 def worker_ingest(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
@@ -150,13 +167,15 @@ def worker_ingest(url: str, seconds: float, start_at: float, seed: int) -> dict[
     http = Http(url, None, 60.0, None)
     steps, seq = 0, 0
     _wait(start_at)
+    cpu = time.process_time()
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
         headers = {"Content-Type": "application/vnd.apache.arrow.stream",
                    "X-Rlpipe-Client": f"ingest-{seed}", "X-Rlpipe-Upload": str(seq)}  # fmt: skip
         http.call("POST", "/v1/uploads", data=body, headers=headers)
         steps, seq = steps + batch.num_rows, seq + 1
-    return {"steps": steps, "seconds": time.perf_counter() - began}
+    return {"steps": steps, "seconds": time.perf_counter() - began,
+            "cpu": time.process_time() - cpu}  # fmt: skip
 
 
 def worker_bare(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
@@ -165,13 +184,14 @@ def worker_bare(url: str, seconds: float, start_at: float, seed: int) -> dict[st
     http = Http(url, None, 10.0, None)  # the client transport PolicyClient uses
     latencies = []
     _wait(start_at)
+    cpu = time.process_time()
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
         sent = time.perf_counter()
         http.call("POST", "/step", json={"observation": [0.0, 0.0, 0.0, 0.0]}).json()
         latencies.append(time.perf_counter() - sent)
     return {"steps": len(latencies), "seconds": time.perf_counter() - began,
-            "latencies": latencies}  # fmt: skip
+            "latencies": latencies, "cpu": time.process_time() - cpu}  # fmt: skip
 
 
 def bare_server(port: int, kind: str) -> None:
@@ -223,6 +243,19 @@ def _wait_up(url: str, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"server at {url} did not start")
 
 
+SERVER: dict[str, int] = {"pid": 0}  # the rlpipe serve process, for its CPU time
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process (Linux ``/proc``), 0.0 where unavailable: CPU per
+    step says what a step costs even on a machine that other work keeps busy."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _phase(kind: str, url: str, clients: int, seconds: float, **extra: Any) -> dict[str, Any]:
     """Run ``clients`` worker processes together; total steps/s and pooled latencies."""
     start_at = time.time() + 1.0 + 0.4 * clients  # every worker imported and connected by then
@@ -233,11 +266,16 @@ def _phase(kind: str, url: str, clients: int, seconds: float, **extra: Any) -> d
                           "--seed", str(i), *args], stdout=subprocess.PIPE, cwd=ROOT)
         for i in range(clients)
     ]  # fmt: skip
+    server_cpu = _cpu_seconds(SERVER["pid"])
     results = [json.loads(p.communicate()[0].decode().strip().splitlines()[-1]) for p in processes]
+    server_cpu = _cpu_seconds(SERVER["pid"]) - server_cpu
     steps = sum(r["steps"] for r in results)
     elapsed = max(r["seconds"] for r in results)
     latencies = np.array([x for r in results for x in r.get("latencies", [])]) * 1e3
     out = {"steps_per_s": steps / elapsed}
+    if kind != "bare" and steps:
+        out["cpu"] = (f"CPU per step: server {server_cpu / steps * 1e6:.0f} us, clients "
+                      f"{sum(r['cpu'] for r in results) / steps * 1e6:.0f} us")  # fmt: skip
     if len(latencies):
         out["p50_ms"], out["p99_ms"] = np.percentile(latencies, [50, 99]).tolist()
     return out
@@ -271,6 +309,13 @@ def main() -> None:
     parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--envs", type=int, default=16, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only",
+        default=",".join(PHASES),
+        help=f"comma-separated phases to run, of {','.join(PHASES)}",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="server request threads "
+                        "(default: rlpipe serve's)")  # fmt: skip
     args = parser.parse_args()
     if args.bare_server:
         bare_server(args.bare_server, args.bare_kind)
@@ -280,47 +325,31 @@ def main() -> None:
         work = WORKERS[args.worker]
         print(json.dumps(work(args.url, args.seconds, args.start_at, args.seed, **extra)))
         return
-    run(args.seconds)
+    run(args.seconds, args.only.split(","), args.threads)
 
 
-def run(seconds: float) -> None:
+def run(seconds: float, phases: list[str], threads: int | None) -> None:
     from common import report
 
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        raise SystemExit(f"--only: unknown phases {unknown}; choose from {list(PHASES)}")
     figures: dict[str, float] = {}
+    print("clients: CartPole-v1 with disable_env_checker=True (real steps, no per-step type "
+          f"checks); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         data, port = Path(tmp) / "ds", _free_port()
         _checkpoint(data)
         url = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data), "--env",
-             "CartPole-v1", "--port", str(port)], cwd=ROOT, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        bare_ports = {kind: _free_port() for kind in ("flask", "wsgi")}
-        bares = [
-            subprocess.Popen([sys.executable, __file__, "--bare-server", str(bare_port),
-                              "--bare-kind", kind], stderr=subprocess.DEVNULL)
-            for kind, bare_port in bare_ports.items()
-        ]  # fmt: skip
+        server, bare_ports, bares = _servers(data, port, threads)
+        SERVER["pid"] = server.pid
         try:
             _wait_up(url + "/v1/health", server)
             for bare_port, bare in zip(bare_ports.values(), bares, strict=True):
                 _wait_up(f"http://127.0.0.1:{bare_port}/", bare)
             baseline, bare_p50 = _baselines(bare_ports, seconds)
-            figures.update(_remote(url, seconds, baseline, bare_p50))
-            vector = _phase("vector", url, 8, seconds, envs=16)["steps_per_s"]
-            print(f"remote 8x16 (batch form): {vector:,.0f} steps/s "
-                  f"({vector / baseline:.1f}x bare round trips)")  # fmt: skip
-            figures["remote_vector_steps_per_s_8x16"] = vector
-            for clients in (1, 4, 8):
-                local = _phase("local", url, clients, seconds)["steps_per_s"]
-                print(f"local x{clients}: {local:,.0f} steps/s durably logged "
-                      f"({local / baseline:.1f}x bare round trips)")  # fmt: skip
-            figures["local_steps_per_s_8"] = local
-            ingest = _phase("ingest", url, 1, seconds)["steps_per_s"]
-            print(
-                f"batch ingest: {ingest:,.0f} steps/s ({ingest / baseline:.0f}x bare round trips)"
-            )
-            figures["ingest_steps_per_s"] = ingest
+            for phase in phases:
+                figures.update(PHASES[phase](url, seconds, baseline, bare_p50))
         finally:
             for process in (server, *bares):
                 process.terminate()
@@ -336,6 +365,22 @@ def run(seconds: float) -> None:
         )
         print(f"{key}: {value:,.2f} ({ratio:.2f}x the issue's bar{versus})")  # fmt: skip
     report(figures)
+
+
+def _servers(data: Path, port: int, threads: int | None) -> tuple[Any, dict[str, int], list[Any]]:
+    """``rlpipe serve`` on ``data``, and the two bare servers of the baselines."""
+    extra = [] if threads is None else ["--threads", str(threads)]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data), "--env",
+         "CartPole-v1", "--port", str(port), *extra], cwd=ROOT, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    bare_ports = {kind: _free_port() for kind in ("flask", "wsgi")}
+    bares = [
+        subprocess.Popen([sys.executable, __file__, "--bare-server", str(bare_port),
+                          "--bare-kind", kind], stderr=subprocess.DEVNULL)
+        for kind, bare_port in bare_ports.items()
+    ]  # fmt: skip
+    return server, bare_ports, bares
 
 
 def _baselines(ports: dict[str, int], seconds: float) -> tuple[float, float]:
@@ -357,12 +402,41 @@ def _remote(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[
         result = _phase("remote", url, clients, seconds)
         print(f"remote x{clients}: {result['steps_per_s']:,.0f} steps/s "
               f"({result['steps_per_s'] / baseline:.2f}x bare round trips), get_action p50 "
-              f"{result['p50_ms']:.2f} ms p99 {result['p99_ms']:.2f} ms")  # fmt: skip
+              f"{result['p50_ms']:.2f} ms p99 {result['p99_ms']:.2f} ms; "
+              f"{result['cpu']}")  # fmt: skip
         if clients == 1:
             figures["remote_p50_ms_1"] = result["p50_ms"]
             print(f"  p50 is {result['p50_ms'] / bare_p50:.2f}x a bare round trip's")
     figures["remote_steps_per_s_8"] = result["steps_per_s"]
     return figures
+
+
+def _vector(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[str, float]:
+    result = _phase("vector", url, 8, seconds, envs=16)
+    vector = result["steps_per_s"]
+    print(f"remote 8x16 (batch form): {vector:,.0f} steps/s "
+          f"({vector / baseline:.1f}x bare round trips); {result['cpu']}")  # fmt: skip
+    return {"remote_vector_steps_per_s_8x16": vector}
+
+
+def _local(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[str, float]:
+    for clients in (1, 4, 8):
+        result = _phase("local", url, clients, seconds)
+        local = result["steps_per_s"]
+        print(f"local x{clients}: {local:,.0f} steps/s durably logged "
+              f"({local / baseline:.1f}x bare round trips); {result['cpu']}")  # fmt: skip
+    return {"local_steps_per_s_8": local}
+
+
+def _ingest(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[str, float]:
+    result = _phase("ingest", url, 1, seconds)
+    ingest = result["steps_per_s"]
+    print(f"batch ingest: {ingest:,.0f} steps/s ({ingest / baseline:.0f}x bare round trips); "
+          f"{result['cpu']}")  # fmt: skip
+    return {"ingest_steps_per_s": ingest}
+
+
+PHASES = {"remote": _remote, "vector": _vector, "local": _local, "ingest": _ingest}
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ Importing this module imports neither torch nor Flask.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import secrets
 import shutil
 import tempfile
@@ -27,10 +29,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import pyarrow as pa
 import requests
 
-from pipeline import codec, layout, schema
+from pipeline import layout
 from pipeline.errors import (
     ConfigError,
     EpisodeError,
@@ -40,8 +41,8 @@ from pipeline.errors import (
     ServerUnavailable,
     Unauthorized,
 )
+from pipeline.local import LocalInference
 from pipeline.policy import NumpyPolicy, load_checkpoint
-from pipeline.recorder import Episode, Pending
 from pipeline.spool import Spool, Uploader
 from pipeline.transport import (
     ARROW_TYPE,
@@ -50,7 +51,6 @@ from pipeline.transport import (
     base_url,
     jsonable,
     parse_spaces,
-    row_of,
 )
 
 INFERENCE_MODES = ("local", "remote")
@@ -97,19 +97,12 @@ class PolicyClient:
         self._http = Http(address, session, timeout, token)
         self._spaces: tuple[gym.Space[Any], gym.Space[Any], str | None] | None = None
         self._remote: dict[str, RemoteEpisode] = {}
-        self._local: dict[str, Episode] = {}
-        self._rng = np.random.default_rng(seed)
-        self._policy: NumpyPolicy | None = None
-        self._random: list[Any] = []
+        self._episode_numbers = itertools.count()
         self._pulled = 0.0
         self._uploader: Uploader | None = None
+        self._local: LocalInference | None = None
         if inference_mode == "local":
-            spool = Spool(spool_dir or tempfile.mkdtemp(prefix="rlpipe-spool-"))
-            self._weights_dir = Path(tempfile.mkdtemp(prefix="rlpipe-weights-"))
-            self._load_spaces(spool.directory / "spaces.json")
-            self._try_pull()
-            self._uploader = Uploader(self.client_id, self._build, self._send, spool,
-                                      upload_rows, upload_interval_s, self._tick)  # fmt: skip
+            self._start_local(spool_dir, upload_rows, upload_interval_s, seed)
 
     # --- RLlib's verbs --------------------------------------------------------------------
 
@@ -121,8 +114,9 @@ class PolicyClient:
         options: Mapping[str, Any] | None = None,
     ) -> str:
         """Open an episode; ``seed`` and reset ``options`` are recorded so it can be replayed."""
-        episode_id = episode_id or secrets.token_hex(8)  # named here, so a retry is idempotent
-        if self._uploader is None:
+        # named here, so a retry is idempotent; unique because the client's id is
+        episode_id = episode_id or f"{self.client_id}{next(self._episode_numbers):08x}"
+        if self._local is None:
             body = {
                 "episode_id": episode_id,
                 "training_enabled": training_enabled,
@@ -134,27 +128,26 @@ class PolicyClient:
             self._remote[episode_id] = RemoteEpisode()
             return episode_id
         self._check_uploads()
-        self._local[episode_id] = Episode(
-            episode_id, self.client_id, training_enabled, seed,
-            None if options is None else json.dumps(jsonable(options)), self._space()[2],
-        )  # fmt: skip
+        self._local.start(episode_id, training_enabled, seed, options)
         return episode_id
 
     def get_action(self, episode_id: str, observation: Any) -> Any:
         """The action for ``observation`` (a dict keyed by agent id for multi-agent envs)."""
-        if self._uploader is None:
+        if self._local is None:
             answer = self._remote_step(episode_id, "actions", observation, {})
             return self._decode(answer)
-        return self._local_step(episode_id, observation, None)
+        self._check_uploads()
+        return self._local.step(episode_id, observation, None, self._multiagent(observation))
 
     def log_action(self, episode_id: str, observation: Any, action: Any) -> None:
         """Record an action the simulator chose itself (off-policy data)."""
-        if self._uploader is None:
-            multi = self._multiagent(observation)
+        multi = self._multiagent(observation)
+        if self._local is None:
             self._remote_step(episode_id, "logged-actions", observation,
                               {"actions" if multi else "action": jsonable(action)})  # fmt: skip
             return
-        self._local_step(episode_id, observation, action)
+        self._check_uploads()
+        self._local.step(episode_id, observation, action, multi)
 
     def log_returns(
         self,
@@ -164,42 +157,42 @@ class PolicyClient:
         multiagent_done_dict: Mapping[str, bool] | None = None,
     ) -> None:
         """Add rewards to the current step (they sum until the next action; none means 0.0)."""
+        if self._local is not None and info is None and multiagent_done_dict is None and (
+            type(reward) in _PLAIN_NUMBERS
+        ):  # fmt: skip
+            value = float(reward)  # type: ignore[arg-type]  # a number: checked just above
+            if not math.isfinite(value):
+                raise SchemaError.single("reward", "a finite number", repr(reward))
+            self._check_uploads()
+            self._local.add_reward(episode_id, value)
+            return
         rewards = dict(reward) if isinstance(reward, Mapping) else {_AGENT: reward}
         _check_rewards(rewards, info)
         infos = dict(info) if isinstance(reward, Mapping) and isinstance(info, Mapping) else (
             {} if info is None else {_AGENT: info})  # fmt: skip
         dones = {k: bool(v) for k, v in (multiagent_done_dict or {}).items() if k != "__all__"}
-        if self._uploader is None:
+        if self._local is None:
             self._remote_episode(episode_id).add(rewards, infos, dones)
             return
-        self._local_episode(episode_id).add_rewards(
-            {k: float(v) for k, v in rewards.items()}, infos, dones
-        )
+        self._check_uploads()
+        self._local.add_returns(episode_id, {k: float(v) for k, v in rewards.items()}, infos,
+                                dones)  # fmt: skip
 
     def end_episode(self, episode_id: str, observation: Any, truncated: bool = False) -> None:
         """End the episode at its last observation (``truncated=True`` for a time limit)."""
-        if self._uploader is None:
+        if self._local is None:
             self._remote_step(episode_id, "end", observation, {"truncated": truncated})
             del self._remote[episode_id]
             return
-        episode = self._local_episode(episode_id)
-        observations = self._observations(observation)
-        self._observation_batch(list(observations.values()))  # refuse a bad one at the call
-        terminated = {agent_id: not truncated for agent_id in observations}
-        rows = episode.complete(observations, {}, {}, terminated, truncated=truncated)
-        seen = {row["agent_id"] for row in rows}
-        rows += [r for r in episode.close_rows({}, truncated=True) if r["agent_id"] not in seen]
-        episode.commit(rows, {})
-        del self._local[episode_id]
-        self._uploader.add("steps", rows)
-        self._uploader.add("episodes", episode.summary_rows("truncated" if truncated
-                                                            else "terminated"))  # fmt: skip
+        self._check_uploads()
+        self._local.end(episode_id, observation, truncated, self._multiagent(observation))
 
     def update_policy_weights(self) -> None:
         """Pull the newest weights now (local mode); 304 when they have not changed."""
-        if self.inference_mode != "local":
+        local = self._local
+        if local is None:
             return
-        version = self._policy.version if self._policy is not None else None
+        version = local.policy.version if local.policy is not None else None
         params = {"version": version} if version is not None else {}
         try:
             response = self._http.call("GET", "/v1/weights", params=params)
@@ -213,7 +206,7 @@ class PolicyClient:
         new = int(response.headers["X-Rlpipe-Policy-Version"])
         path = self._weights_dir / f"policy-{new:08d}.npz"
         path.write_bytes(response.content)
-        self._policy = NumpyPolicy(load_checkpoint(path))
+        local.policy = NumpyPolicy(load_checkpoint(path))
         path.unlink()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
@@ -269,82 +262,28 @@ class PolicyClient:
 
     # --- local inference -------------------------------------------------------------------
 
-    def _local_episode(self, episode_id: str) -> Episode:
-        self._check_uploads()
-        try:
-            return self._local[episode_id]
-        except KeyError:
-            raise EpisodeError(404, f"episode '{episode_id}' is not open in this client; call "
-                                    "start_episode() first") from None  # fmt: skip
-
-    def _local_step(self, episode_id: str, observation: Any, action: Any) -> Any:
-        episode = self._local_episode(episode_id)
-        observations = self._observations(observation)
-        keyed = isinstance(observation, Mapping) and self._multiagent(observation)
-        batch = self._observation_batch(list(observations.values()))
-        acting = [a for a in observations if not episode.agent(a).terminated]
-        if action is None:
-            if len(acting) < len(observations):
-                keep = [list(observations).index(a) for a in acting]
-                batch = batch[keep] if isinstance(batch, np.ndarray) else batch.take(keep)
-            chosen = self._act(batch)
-            pending = {a: Pending(observations[a], *chosen[i]) for i, a in enumerate(acting)}
-        else:
-            given = action if keyed else {_AGENT: action}
-            codec.to_arrow_rows(self._space()[1], [given[a] for a in acting], field="action")
-            pending = {a: Pending(observations[a], given[a], None, None) for a in acting}
-        rows = episode.complete(observations, {}, {}, {})
-        episode.commit(rows, pending)
-        if rows and self._uploader is not None:
-            self._uploader.add("steps", rows)
-        if action is not None:
-            return None
-        out = {a: p.action for a, p in pending.items()}
-        return out if keyed else out.get(_AGENT)
-
-    def _observation_batch(self, values: list[Any]) -> np.ndarray | pa.Array:
-        """The observations checked against the space: a numpy batch for a float Box (the
-        common case, checked in a few microseconds), else an Arrow column.
-
-        Raises:
-            SchemaError: as the server would answer 400, naming the field.
-        """
-        space = self._space()[0]
-        batch = codec.float_box_rows(space, values)
-        if batch is not None:
-            return batch
-        return codec.to_arrow_rows(space, values, field="observation")
-
-    def _act(self, batch: np.ndarray | pa.Array) -> list[tuple[Any, float | None, int | None]]:
-        n = len(batch)
-        observation_space = self._space()[0]
-        policy = self._policy
-        if policy is None:
-            return [(self._random_action(), None, None) for _ in range(n)]
-        if isinstance(batch, pa.Array):
-            batch = codec.from_arrow(observation_space, batch)
-        actions, logp = policy.act(batch, self._rng)
-        return [(row_of(actions, i), float(logp[i]), policy.version) for i in range(n)]
-
-    def _random_action(self) -> Any:
-        """Uniform actions, drawn a thousand at a time (a draw per step costs more than a step)."""
-        if not self._random:
-            batch = codec.sample_batch(self._space()[1], 1000, int(self._rng.integers(2**63)))
-            self._random = [row_of(batch, i) for i in range(1000)]
-        return self._random.pop()
-
-    def _observations(self, observation: Any) -> dict[str, Any]:
-        return dict(observation) if self._multiagent(observation) else {_AGENT: observation}
-
-    def _build(self, table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
-        columns = schema.rows_to_columns(rows)
-        if table == layout.EPISODES:
-            return schema.episodes_from_columns(columns)
-        observation_space, action_space, _ = self._space()
-        return schema.steps_from_columns(
-            schema.step_schema(observation_space, action_space), columns,
-            observation_space, action_space,
+    def _start_local(self, spool_dir: str | Path | None, upload_rows: int,
+                     upload_interval_s: float, seed: int | None) -> None:  # fmt: skip
+        spool = Spool(spool_dir or tempfile.mkdtemp(prefix="rlpipe-spool-"))
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="rlpipe-weights-"))
+        self._load_spaces(spool.directory / "spaces.json")
+        observation_space, action_space, env_id = self._space()
+        local = LocalInference(
+            observation_space, action_space, env_id, self.client_id,
+            np.random.default_rng(seed), self._add_rows, upload_rows, self._wake,
         )  # fmt: skip
+        self._local = local
+        self._try_pull()
+        self._uploader = Uploader(self.client_id, local.build, self._send, spool, upload_rows,
+                                  upload_interval_s, self._tick, columns=local.steps)  # fmt: skip
+
+    def _add_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        if self._uploader is not None:
+            self._uploader.add(table, rows)
+
+    def _wake(self) -> None:
+        if self._uploader is not None:
+            self._uploader.wake()
 
     def _send(self, client_id: str, seq: int, table: str, body: bytes) -> float | None:
         headers = {"Content-Type": ARROW_TYPE, "X-Rlpipe-Client": client_id,
@@ -398,6 +337,8 @@ class PolicyClient:
 
 
 _AGENT = layout.DEFAULT_AGENT_ID
+# rewards log_returns takes on its short path (exact types, so bool, an int, is not among them)
+_PLAIN_NUMBERS = frozenset({float, int, np.float64, np.float32, np.int64, np.int32})
 
 
 def _check_rewards(rewards: Mapping[str, Any], info: Any) -> None:

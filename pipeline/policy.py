@@ -12,6 +12,7 @@ Weights use torch's ``nn.Linear`` layout (``pi.{i}.weight`` is (out, in)), so a 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -172,15 +173,60 @@ class NumpyPolicy:
         except KeyError as missing:
             raise DatasetError(f"checkpoint version {self.version}: no array {missing}") from None
         self._activation = np.tanh if self.spec.activation == "tanh" else _relu
+        space = self.spec.observation_space
+        # a Box flattens to its values row-major: a reshape, not a trip through flatten_batch
+        self._box_width = flattening.flatdim(space) if isinstance(space, gym.spaces.Box) else None
+        self._start = (
+            int(self.spec.action_space.start)
+            if isinstance(self.spec.action_space, gym.spaces.Discrete)
+            else 0
+        )
 
     def forward(self, observations: Any) -> np.ndarray:
         """The output layer's raw values for a batch of observations."""
-        x = flattening.flatten_batch(self.spec.observation_space, observations)
+        if self._box_width is not None:
+            x = np.asarray(observations, np.float32).reshape(-1, self._box_width)
+        else:
+            x = flattening.flatten_batch(self.spec.observation_space, observations)
         for weight, bias in self._layers[:-1]:
             x = self._activation(x @ weight + bias)
         weight, bias = self._layers[-1]
         out: np.ndarray = x @ weight + bias
         return out
+
+    def act_one(
+        self, observation: Any, rng: np.random.Generator, explore: bool = True
+    ) -> tuple[Any, float]:
+        """One observation's action and its log-probability (a client's step loop).
+
+        For a batch of one, numpy's cost per call is most of the work, so a Box observation with
+        a categorical head runs as vectors and samples by inverse CDF in Python (exact, like the
+        Gumbel-max draw of :meth:`act`, but from another stream of the same ``rng``); anything
+        else is :meth:`act` on a batch of one.
+        """
+        if self._box_width is None or self.spec.distribution != "categorical":
+            batch = np.asarray(observation)[None] if self._box_width is not None else (
+                _batch_of_one(observation))  # fmt: skip
+            actions, logp = self.act(batch, rng, explore)
+            return _first(actions), float(logp[0])
+        x = np.asarray(observation, np.float32).reshape(self._box_width)
+        for weight, bias in self._layers[:-1]:
+            x = self._activation(x @ weight + bias)
+        weight, bias = self._layers[-1]
+        logits = (x @ weight + bias).tolist()
+        top = max(logits)
+        weights = [math.exp(value - top) for value in logits]
+        total = math.fsum(weights)
+        if explore:
+            draw, choice = rng.random() * total, len(weights) - 1
+            for index, weight_ in enumerate(weights):
+                draw -= weight_
+                if draw < 0:
+                    choice = index
+                    break
+        else:
+            choice = logits.index(top)
+        return choice + self._start, logits[choice] - top - math.log(total)
 
     def act(
         self, observations: Any, rng: np.random.Generator, explore: bool = True
@@ -188,8 +234,7 @@ class NumpyPolicy:
         """Actions and their log-probabilities under the behaviour distribution, for a batch."""
         out = self.forward(observations)
         if self.spec.distribution == "categorical":
-            start = int(cast(gym.spaces.Discrete, self.spec.action_space).start)
-            return _categorical(out, rng, explore, start)
+            return _categorical(out, rng, explore, self._start)
         box = cast(gym.spaces.Box, self.spec.action_space)
         if self.spec.distribution == "gaussian":
             if self._log_std is None:
@@ -213,6 +258,24 @@ class NumpyPolicy:
         return shaped, logp.astype(np.float64)
 
 
+def _batch_of_one(observation: Any) -> Any:
+    """A single observation of any space as a batch of one, in the layout of ``codec``."""
+    if isinstance(observation, dict):
+        return {key: _batch_of_one(value) for key, value in observation.items()}
+    if isinstance(observation, tuple):
+        return tuple(_batch_of_one(value) for value in observation)
+    return np.asarray(observation)[None]
+
+
+def _first(batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return {key: _first(value) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_first(value) for value in batch)
+    value = np.asarray(batch)[0]
+    return value.item() if value.ndim == 0 else value
+
+
 def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0)
 
@@ -220,6 +283,8 @@ def _relu(x: np.ndarray) -> np.ndarray:
 def _categorical(
     logits: np.ndarray, rng: np.random.Generator, explore: bool, start: int
 ) -> tuple[np.ndarray, np.ndarray]:
+    # float32 throughout, as the shipped datasets were recorded: changing the arithmetic
+    # changes the logged action_logp bits (tests/test_datasets.py rebuilds them exactly)
     shifted = logits - logits.max(axis=1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
     if explore:

@@ -48,6 +48,14 @@ class AgentState:
     length: int = 0
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
+    def advance(self, reward: float, terminated: bool) -> None:
+        """The pending step's row is written (with ``reward``): count it, clear what it held."""
+        self.t += 1
+        self.length += 1
+        self.episode_return += reward
+        self.pending, self.reward, self.info = None, 0.0, None
+        self.terminated = self.terminated or terminated
+
 
 @dataclass
 class Episode:
@@ -68,7 +76,10 @@ class Episode:
     requests: int = 0
 
     def agent(self, agent_id: str) -> AgentState:
-        return self.agents.setdefault(agent_id, AgentState())
+        state = self.agents.get(agent_id)
+        if state is None:  # not setdefault: a new AgentState per call costs a clock read
+            state = self.agents[agent_id] = AgentState()
+        return state
 
     def complete(
         self,
@@ -128,12 +139,7 @@ class Episode:
     def commit(self, written: list[Row], pending: dict[str, Pending]) -> None:
         """Advance the agents once ``written`` is durable; ``pending`` are the new actions."""
         for row in written:
-            state = self.agents[row["agent_id"]]
-            state.t += 1
-            state.length += 1
-            state.episode_return += row["reward"]
-            state.pending, state.reward, state.info = None, 0.0, None
-            state.terminated = state.terminated or row["terminated"]
+            self.agents[row["agent_id"]].advance(row["reward"], row["terminated"])
         for agent_id, step in pending.items():
             self.agent(agent_id).pending = step
         self.last_seen = time.monotonic()

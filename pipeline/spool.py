@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -37,6 +37,14 @@ _NAME_RE = re.compile(r"^(?P<client>[A-Za-z0-9_-]+)-(?P<seq>\d{10})-(?P<table>[a
 # it raises for a batch the server refuses (a bug to surface, not to retry).
 Send = Callable[[str, int, str, bytes], float | None]
 Build = Callable[[str, Sequence[Mapping[str, Any]]], pa.RecordBatch]
+
+
+class Columns(Protocol):
+    """Steps kept as columns: how many rows are complete, and a batch of them (taken)."""
+
+    ready: int
+
+    def drain(self) -> pa.RecordBatch | None: ...
 
 
 def to_ipc(batch: pa.RecordBatch) -> bytes:
@@ -84,11 +92,15 @@ class Uploader:
         max_rows: buffered steps that trigger an upload before the interval is up.
         interval_s: the longest rows wait in memory.
         on_tick: called from the background thread each cycle (weights refresh).
+        columns: steps kept as columns (:class:`~pipeline.stepbuffer.StepBuffer`), drained
+            into a batch of their own each cycle.
     """
 
     def __init__(self, client_id: str, build: Build, send: Send, spool: Spool, max_rows: int,
-                 interval_s: float, on_tick: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 interval_s: float, on_tick: Callable[[], None] | None = None,
+                 columns: Columns | None = None) -> None:  # fmt: skip
         self.client_id = client_id
+        self._columns = columns
         self._build, self._send, self._spool = build, send, spool
         self._max_rows, self._interval = max_rows, interval_s
         self._on_tick = on_tick
@@ -111,6 +123,10 @@ class Uploader:
             if len(self._rows["steps"]) >= self._max_rows:
                 self._wake.set()
 
+    def wake(self) -> None:
+        """Upload now rather than at the end of the interval (enough rows are waiting)."""
+        self._wake.set()
+
     def flush(self, timeout_s: float) -> bool:
         """Try to deliver everything now; True when nothing is left in memory or on disk."""
         deadline = time.monotonic() + timeout_s
@@ -119,7 +135,9 @@ class Uploader:
             self._wake.set()
             with self._lock:
                 self._idle.wait_for(lambda: not self._busy, timeout=0.05)
-                empty = not any(self._rows.values()) and not self._busy
+                empty = not any(self._rows.values()) and not self._busy and (
+                    self._columns is None or not self._columns.ready
+                )  # fmt: skip
             if empty and not self._spool.pending():
                 return True
             time.sleep(0.02)
@@ -192,6 +210,10 @@ class Uploader:
             taken = {name: rows for name, rows in self._rows.items() if rows}
             self._rows = {"steps": [], "episodes": []}
         batches: list[tuple[int, str, bytes]] = []
+        drained = self._columns.drain() if self._columns is not None else None
+        if drained is not None:  # before the rows: an episode's summary follows its steps
+            batches.append((self._seq, "steps", to_ipc(drained)))
+            self._seq += 1
         for table in ("steps", "episodes"):
             if table in taken:
                 batches.append((self._seq, table, to_ipc(self._build(table, taken[table]))))

@@ -19,6 +19,7 @@ from urllib.parse import urlencode, urlsplit
 import gymnasium as gym
 import numpy as np
 import requests
+from requests.structures import CaseInsensitiveDict
 
 from pipeline import layout, spaces
 from pipeline.errors import (
@@ -152,15 +153,13 @@ class Http:
             if sock is None:
                 raise _NoAnswer("not connected")
             sock.sendall(self._head(method, path, body, headers) + (body or b""))
-            response = http.client.HTTPResponse(sock, method=method)
-            response.begin()
-            content = response.read()
+            reply, will_close = _read_reply(sock, method)
         except BaseException:
             self._drop()
             raise
-        if response.will_close:
+        if will_close:
             self._drop()
-        return Reply(response.status, response.headers, content, response.reason)
+        return reply
 
     def _head(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> bytes:
         lines = [f"{method} {self._prefix}{path} HTTP/1.1", f"Host: {self._netloc}"]
@@ -190,6 +189,91 @@ class Http:
         if connection is not None:
             self._open.discard(connection)
             connection.close()
+
+
+_MAX_HEAD = 2**16
+
+
+def _read_reply(sock: socket.socket, method: str) -> tuple[Reply, bool]:
+    """One HTTP/1.1 response off a keep-alive socket: (reply, whether the server closes).
+
+    ``http.client`` parses headers with the ``email`` package, a noticeable share of a remote
+    step's CPU on the simulator's side; a response head is a few short lines, read here by hand.
+    """
+    buffer = bytearray()
+    while (end := buffer.find(b"\r\n\r\n")) < 0:
+        chunk = sock.recv(65536)
+        if not chunk:
+            if not buffer:
+                raise http.client.RemoteDisconnected("the server closed the connection")
+            raise http.client.IncompleteRead(bytes(buffer))
+        buffer += chunk
+        if len(buffer) > _MAX_HEAD:
+            raise http.client.LineTooLong("response head")
+    lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not version.startswith("HTTP/") or not code.isdigit():
+        raise http.client.BadStatusLine(lines[0])
+    status = int(code)
+    headers = CaseInsensitiveDict(
+        (name.strip(), value.strip())
+        for name, _, value in (line.partition(":") for line in lines[1:])
+    )
+    rest_bytes = bytes(buffer[end + 4 :])
+    connection = headers.get("Connection", "").lower()
+    will_close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
+    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        content = b""
+    elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+        content = _read_chunked(sock, rest_bytes)
+    elif "Content-Length" in headers:
+        content = _read_exactly(sock, rest_bytes, int(headers["Content-Length"]))
+    else:
+        content, will_close = _read_to_end(sock, rest_bytes), True
+    return Reply(status, headers, content, reason), will_close
+
+
+def _read_exactly(sock: socket.socket, have: bytes, length: int) -> bytes:
+    parts, size = [have], len(have)
+    while size < length:
+        chunk = sock.recv(max(65536, length - size))
+        if not chunk:
+            raise http.client.IncompleteRead(b"".join(parts), length - size)
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)[:length]
+
+
+def _read_to_end(sock: socket.socket, have: bytes) -> bytes:
+    parts = [have]
+    while chunk := sock.recv(65536):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _read_chunked(sock: socket.socket, have: bytes) -> bytes:
+    buffer, out = bytearray(have), bytearray()
+    while True:
+        while (eol := buffer.find(b"\r\n")) < 0:
+            buffer += _recv_some(sock)
+        size = int(bytes(buffer[:eol]).split(b";")[0], 16)
+        del buffer[: eol + 2]
+        if size == 0:  # the last chunk; skip trailers up to the blank line
+            while buffer.find(b"\r\n") != 0 and buffer.find(b"\r\n\r\n") < 0:
+                buffer += _recv_some(sock)
+            return bytes(out)
+        while len(buffer) < size + 2:
+            buffer += _recv_some(sock)
+        out += buffer[:size]
+        del buffer[: size + 2]
+
+
+def _recv_some(sock: socket.socket) -> bytes:
+    chunk = sock.recv(65536)
+    if not chunk:
+        raise http.client.IncompleteRead(b"")
+    return chunk
 
 
 def _close_all(connections: set[http.client.HTTPConnection]) -> None:

@@ -1,8 +1,10 @@
 """Flat combining: concurrent callers hand in work, and whoever runs next runs everyone's at once.
 
-A request thread queues its item and takes the pass; if another thread's pass already took the
-item, it just collects the result. So under load one forward pass or one durable append serves
-many requests, while a lone request runs immediately, with no timer to wait on.
+A request thread queues its item; if no pass is running it leads one over everything queued,
+otherwise it sleeps until the running pass has done its item, or hands it the lead for the next
+pass over what queued meanwhile. So under load one forward pass or one durable append serves
+many requests, while a lone request runs immediately, with no timer to wait on. Each waiting
+thread is woken exactly once (no convoy through a shared lock), which matters under the GIL.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class _Slot(Generic[T, R]):
         self.done = False
         self.result: R | None = None
         self.error: BaseException | None = None
+        self.gate = threading.Lock()  # held until the slot is done or made the next leader
+        self.gate.acquire()
 
 
 class Combiner(Generic[T, R]):
@@ -41,22 +45,39 @@ class Combiner(Generic[T, R]):
         self._run = run
         self._retry_alone = retry_alone
         self._queue: list[_Slot[T, R]] = []
-        self._queue_lock = threading.Lock()
-        self._pass_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._busy = False
         self.passes = 0
 
     def submit(self, item: T) -> R:
         slot: _Slot[T, R] = _Slot(item)
-        with self._queue_lock:
+        with self._lock:
             self._queue.append(slot)
-        with self._pass_lock:
-            if not slot.done:
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._pass(batch)
+            lead = not self._busy
+            self._busy = True
+        if not lead:
+            slot.gate.acquire()  # done by another's pass, or made the leader
+        if not slot.done:
+            self._lead()
         if slot.error is not None:
             raise slot.error
         return slot.result  # type: ignore[return-value]  # R may itself be None
+
+    def _lead(self) -> None:
+        """One pass over everything queued (this thread's own item included), then the lead
+        goes to the oldest item that queued meanwhile, if any."""
+        with self._lock:
+            batch, self._queue = self._queue, []
+        try:
+            self._pass(batch)
+        finally:
+            with self._lock:
+                following = self._queue[0] if self._queue else None
+                self._busy = following is not None
+            for slot in batch[1:]:
+                slot.gate.release()  # the leader's own slot is batch[0]
+            if following is not None:
+                following.gate.release()
 
     def _pass(self, batch: list[_Slot[T, R]]) -> None:
         self.passes += 1

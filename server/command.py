@@ -54,6 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="commit a shard at least this often (default 1 s): a trainer following the dataset "
         "sees steps this late at most; longer ages make fewer, larger files",
     )  # fmt: skip
+    parser.add_argument(
+        "--policy-poll", type=float, default=0.2, metavar="SECONDS",
+        help="look for a newer checkpoint at most this often (default 0.2 s): how long a "
+        "published policy may wait before remote inference and weight pulls see it",
+    )  # fmt: skip
     parser.set_defaults(command_module=__name__)
 
 
@@ -118,6 +123,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         data=args.data, observation_space=observation_space, action_space=action_space,
         env_id=env_id, policy=args.policy, token=args.token,
         idle_timeout_s=args.idle_timeout, max_body_bytes=args.max_body_bytes,
+        policy_poll_s=args.policy_poll,
         writer=WriterConfig(sync=args.sync, max_age_s=args.commit_age),
     )  # fmt: skip
 

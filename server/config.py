@@ -45,7 +45,7 @@ class ServerConfig:
     token: str | None = None
     max_body_bytes: int = 64 * 2**20
     idle_timeout_s: float = 300.0
-    policy_poll_s: float = 1.0
+    policy_poll_s: float = 0.2
     max_backlog: int = 3
     retry_after_s: int = 1
     seed: int = 0

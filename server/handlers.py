@@ -17,17 +17,22 @@ import pyarrow as pa
 from pipeline import layout
 from pipeline.recorder import Episode
 from server import errors
+from server.columns import TERMINATED, TRUNCATED, ColumnAnswer, ColumnStep, ColumnStepper
 from server.config import ServerConfig
 from server.errors import ApiError
 from server.messages import (
     ARROW_TYPE,
     checked_observations,
+    column_batch,
     episode_id_of,
     optional_bool,
     optional_int,
     parse_json,
     parse_returns,
     parse_step,
+    rows_as_columns,
+    single_agent_rows,
+    single_column_step,
 )
 from server.service import ACT, END, LOG, Service, StepItem
 from server.uploads import json_table, parse_seq, read_arrow
@@ -89,12 +94,20 @@ def episode_step(service: Service, episode_id: str, kind: str, doc: dict[str, An
         answer: dict[str, Any] = replayed
         return answer
     episode = service.episodes.get(episode_id)
+    truncated = optional_bool(doc, "truncated", False)
+    if service.columns is not None and kind != LOG and _single_agent(doc):
+        end = None if kind == ACT else TRUNCATED if truncated else TERMINATED
+        column_step = single_column_step(doc, service.observation_space, episode_id, end)
+        return service.columns.submit(column_step).answers[0]
     step = parse_step(doc, service.observation_space,
                       service.action_space if kind == LOG else None)  # fmt: skip
     counts.steps = len(step.observations)
-    item = StepItem(episode, step, kind, optional_bool(doc, "truncated", False),
-                    optional_int(doc, "request"))  # fmt: skip
+    item = StepItem(episode, step, kind, truncated, optional_int(doc, "request"))
     return service.step([item])[0]
+
+
+def _single_agent(doc: dict[str, Any]) -> bool:
+    return "observation" in doc and "observations" not in doc
 
 
 def log_returns(service: Service, episode_id: str, doc: dict[str, Any],
@@ -113,7 +126,15 @@ def batch_step(service: Service, doc: dict[str, Any], remote_addr: str | None,
                counts: Counts) -> dict[str, Any]:  # fmt: skip
     """The batch form: many episodes' observations in one request, many actions back."""
     counts.steps = 1
+    if "episode_ids" in doc:
+        return _column_batch(service, doc, remote_addr, counts)
     entries = doc.get("episodes")
+    if isinstance(entries, list) and entries and service.columns is not None and (
+        single_agent_rows(entries)
+    ):  # fmt: skip
+        step, starts = rows_as_columns(entries, service.observation_space)
+        answer = _run_columns(service, service.columns, step, starts, remote_addr, counts)
+        return {"episodes": answer.answers}
     if not isinstance(entries, list) or not entries:
         raise errors.bad_request("episodes", "a non-empty list of episode steps",
                                  type(entries).__name__)  # fmt: skip
@@ -124,6 +145,50 @@ def batch_step(service: Service, doc: dict[str, Any], remote_addr: str | None,
     ]
     counts.steps = len(items)
     return {"episodes": service.step(items)}
+
+
+def _column_batch(service: Service, doc: dict[str, Any], remote_addr: str | None,
+                  counts: Counts) -> dict[str, Any]:  # fmt: skip
+    """The columnar batch form: lists of one entry per episode in, lists of actions out."""
+    if service.columns is None:  # the general path takes it row by row
+        entries = _column_entries(doc)
+        return {"episodes": batch_step(service, {"episodes": entries}, remote_addr, counts)[
+            "episodes"]}  # fmt: skip
+    step, starts = column_batch(doc, service.observation_space)
+    answer = _run_columns(service, service.columns, step, starts, remote_addr, counts)
+    return {"episode_ids": step.episode_ids, "actions": answer.actions,
+            "action_logp": answer.action_logp, "policy_version": answer.policy_version}  # fmt: skip
+
+
+def _run_columns(service: Service, columns: ColumnStepper, step: ColumnStep, starts: list[Any],
+                 remote_addr: str | None, counts: Counts) -> ColumnAnswer:  # fmt: skip
+    counts.steps = len(step.episode_ids)
+    for episode_id, start in zip(step.episode_ids, starts, strict=True):
+        if start is not None:
+            service.start(_episode(service, episode_id, start, remote_addr))
+    return columns.submit(step)
+
+
+def _column_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The columnar batch form as ``episodes`` entries, for a space the columns do not take."""
+    ids = doc.get("episode_ids")
+    if not isinstance(ids, list) or not ids:
+        raise errors.bad_request("episode_ids", "a non-empty list of episode ids",
+                                 type(ids).__name__)  # fmt: skip
+    entries: list[dict[str, Any]] = [{"episode_id": episode_id} for episode_id in ids]
+    plural = {"observations": "observation", "rewards": "reward", "terminated": "terminated",
+              "truncated": "truncated", "starts": "start", "infos": "info"}  # fmt: skip
+    for key, name in plural.items():
+        values = doc.get(key)
+        if values is None:
+            continue
+        if not isinstance(values, list) or len(values) != len(ids):
+            raise errors.bad_request(key, f"a list of {len(ids)} entries (one per episode id)",
+                                     type(values).__name__)  # fmt: skip
+        for entry, value in zip(entries, values, strict=True):
+            if value is not None:
+                entry[name] = value
+    return entries
 
 
 def _batch_item(service: Service, entry: Any, prefix: str, remote_addr: str | None,

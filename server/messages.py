@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from pipeline import codec, layout, spaces
 from pipeline.errors import SchemaError
+from server.columns import TERMINATED, TRUNCATED, ColumnStep
 from server.errors import ApiError, bad_request
 
 JSON_TYPE = "application/json"
@@ -193,10 +194,10 @@ def optional_int(doc: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def optional_bool(doc: dict[str, Any], key: str, default: bool) -> bool:
+def optional_bool(doc: dict[str, Any], key: str, default: bool, name: str | None = None) -> bool:
     value = doc.get(key, default)
     if not isinstance(value, bool):
-        raise bad_request(key, "true or false", repr(value))
+        raise bad_request(name or key, "true or false", repr(value))
     return value
 
 
@@ -204,3 +205,124 @@ def episode_id_of(value: Any, name: str = "episode_id") -> str:
     if not isinstance(value, str) or not value or len(value) > 200:
         raise bad_request(name, "a non-empty string of at most 200 characters", repr(value))
     return value
+
+
+def box_batch(space: gym.Space[Any], values: list[Any], field: str, rows: bool = True) -> Any:
+    """Observations of a Box of floats as one array, checked in one numpy pass; else the 400
+    that names the field (and, for ``rows``, the first bad row)."""
+    batch = codec.float_box_rows(space, values)
+    if batch is not None:
+        return batch
+    try:
+        column = codec.to_arrow_rows(space, values, field=field)
+    except SchemaError as error:
+        if rows:
+            raise
+        raise ApiError(400, "; ".join(
+            f"field '{p.field}': expected {p.expected}, got {p.got}" for p in error.problems
+        )) from None  # fmt: skip
+    return codec.from_arrow(space, column, field=field)
+
+
+def single_column_step(doc: dict[str, Any], space: gym.Space[Any], episode_id: str,
+                       end: str | None) -> ColumnStep:  # fmt: skip
+    """A single-agent step request (get_action or end) as one row of the columnar path."""
+    return ColumnStep(
+        episode_ids=[episode_id],
+        observations=box_batch(space, [doc["observation"]], "observation", rows=False),
+        rewards=[_reward(doc.get("reward", 0.0), "reward")],
+        infos=None if doc.get("info") is None else [_info(doc["info"], "info")],
+        ends=[end],
+        requests=[optional_int(doc, "request")],
+    )
+
+
+def column_batch(doc: dict[str, Any], space: gym.Space[Any]) -> tuple[ColumnStep, list[Any]]:
+    """The columnar batch form (``episode_ids``, ``observations``, ``rewards``, ``terminated``,
+    ``truncated``, ``starts``, ``infos``: lists of one entry per episode) as a step, and the
+    start documents (None for an episode that goes on)."""
+    ids = doc["episode_ids"]
+    if not isinstance(ids, list) or not ids:
+        raise bad_request("episode_ids", "a non-empty list of episode ids", type(ids).__name__)
+    n = len(ids)
+    episode_ids = [episode_id_of(value, f"episode_ids[{i}]") for i, value in enumerate(ids)]
+    observations = box_batch(space, _column(doc, "observations", n, None, True), "observations")
+    rewards = [
+        _reward(value, f"rewards[{i}]") for i, value in enumerate(_column(doc, "rewards", n, 0.0))
+    ]
+    terminated = _flags(doc, "terminated", n)
+    truncated = _flags(doc, "truncated", n)
+    starts = _column(doc, "starts", n, None)
+    for i, start in enumerate(starts):
+        if start is not None and not isinstance(start, dict):
+            raise bad_request(f"starts[{i}]", "an object or null", type(start).__name__)
+    infos = None
+    if doc.get("infos") is not None:
+        infos = [
+            _info(info, f"infos[{i}]") for i, info in enumerate(_column(doc, "infos", n, None))
+        ]
+    ends = [_end(te, tr) for te, tr in zip(terminated, truncated, strict=True)]
+    step = ColumnStep(episode_ids, observations, rewards, infos, ends, [None] * n, answers=False)
+    return step, starts
+
+
+def rows_as_columns(entries: list[Any], space: gym.Space[Any]) -> tuple[ColumnStep, list[Any]]:
+    """The ``episodes`` batch form as columns, when every entry is a single-agent step."""
+    columns: dict[str, list[Any]] = {
+        "episode_ids": [], "observations": [], "rewards": [], "terminated": [], "truncated": [],
+        "starts": [], "infos": [],
+    }  # fmt: skip
+    for i, entry in enumerate(entries):
+        columns["episode_ids"].append(entry.get("episode_id"))
+        columns["observations"].append(entry["observation"])
+        columns["rewards"].append(entry.get("reward", 0.0))
+        for flag in ("terminated", "truncated"):
+            columns[flag].append(optional_bool(entry, flag, False, f"episodes[{i}].{flag}"))
+        start = {} if entry.get("start") is True else entry.get("start")
+        columns["starts"].append(start if isinstance(start, dict) else None)
+        columns["infos"].append(entry.get("info"))
+    if all(info is None for info in columns["infos"]):
+        del columns["infos"]
+    step, starts = column_batch(columns, space)
+    step.answers = True
+    return step, starts
+
+
+def single_agent_rows(entries: list[Any]) -> bool:
+    return all(isinstance(e, dict) and "observation" in e and "observations" not in e
+               for e in entries)  # fmt: skip
+
+
+def _column(doc: dict[str, Any], key: str, n: int, default: Any,
+            required: bool = False) -> list[Any]:  # fmt: skip
+    value = doc.get(key)
+    if value is None and not required:
+        return [default] * n
+    if not isinstance(value, list) or len(value) != n:
+        got = f"{len(value)} entries" if isinstance(value, list) else type(value).__name__
+        raise bad_request(key, f"a list of {n} entries (one per episode id)", got)
+    return value
+
+
+def _flags(doc: dict[str, Any], key: str, n: int) -> list[bool]:
+    flags = _column(doc, key, n, False)
+    for i, flag in enumerate(flags):
+        if not isinstance(flag, bool):
+            raise bad_request(f"{key}[{i}]", "true or false", repr(flag))
+    return flags
+
+
+def _info(value: Any, name: str) -> Any:
+    """An info (any JSON value, stored as JSON text); a string must be JSON text already."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            raise bad_request(name, "an object or JSON text", repr(value[:40])) from None
+    return value
+
+
+def _end(terminated: bool, truncated: bool) -> str | None:
+    if terminated:
+        return TERMINATED
+    return TRUNCATED if truncated else None

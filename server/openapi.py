@@ -26,6 +26,22 @@ _STEP = {
 }
 
 
+_LIST = {"type": "array"}
+_COLUMNS = {
+    "type": "object",
+    "required": ["episode_ids", "observations"],
+    "properties": {
+        "episode_ids": {"type": "array", "items": {"type": "string"}},
+        "observations": _LIST,
+        "rewards": {"type": "array", "items": {"type": "number"}},
+        "terminated": {"type": "array", "items": {"type": "boolean"}},
+        "truncated": {"type": "array", "items": {"type": "boolean"}},
+        "starts": {"type": "array", "items": {"type": ["object", "null"]}},
+        "infos": _LIST,
+    },
+}
+
+
 def _op(summary: str, body: Any = None, ok: str = "200", errors: tuple[str, ...] = ()) -> Any:
     responses: dict[str, Any] = {ok: {"description": "success"}}
     for status in ("400", "401", *errors):
@@ -119,10 +135,13 @@ def document() -> dict[str, Any]:
             },
             "/v1/actions": {
                 "post": _op(
-                    "Batch form: {'episodes': [{episode_id, observation, reward, terminated, "
-                    "truncated, start}]}; an entry with 'start' opens its episode, one with "
-                    "terminated or truncated ends it.",
-                    _json({"type": "object"}),
+                    "Batch form, columnar: {'episode_ids', 'observations', 'rewards', "
+                    "'terminated', 'truncated', 'starts', 'infos'}, one list entry per env, "
+                    "answered {'episode_ids', 'actions', 'action_logp', 'policy_version'}; or "
+                    "per env: {'episodes': [{episode_id, observation, reward, terminated, "
+                    "truncated, start, info}]}, answered {'episodes': [...]}. An entry with a "
+                    "start opens its episode; one with terminated or truncated ends it.",
+                    _json({"oneOf": [_COLUMNS, {"type": "object", "required": ["episodes"]}]}),
                     errors=("404", "409", "503"),
                 )
             },

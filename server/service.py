@@ -6,7 +6,9 @@ requests into :class:`~server.messages.StepInput` and call
 runs one forward pass for every observation that needs an action, makes all rows durable with
 one writer append (shared with concurrent requests; what "durable" means follows the writer's
 ``sync`` mode, see :class:`~server.config.ServerConfig`), and only then advances the episodes.
-A request that fails changes nothing.
+A request that fails changes nothing. Single-agent get_action and end_episode requests of a Box
+observation space, and the batch form's, take the columnar path of :mod:`server.columns`
+instead, which does the same to the same episodes with arrays.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import pyarrow as pa
 
 from pipeline import checks, schema
 from pipeline.errors import DatasetError, SchemaError
 from pipeline.recorder import Episode, Pending, Row
 from pipeline.writer import DatasetWriter
+from server.columns import ColumnStepper
 from server.combiner import Combiner
 from server.config import ServerConfig
 from server.episodes import EpisodeBook, ended_message
@@ -69,6 +73,12 @@ class Service:
             config.policy_poll_s, config.seed,
         )  # fmt: skip
         self.uploads = UploadLedger(self.writer)
+        box = self.observation_space
+        self.columns = (
+            ColumnStepper(self)
+            if isinstance(box, gym.spaces.Box) and box.dtype.kind == "f"
+            else None
+        )  # fmt: skip
         self._writes: Combiner[tuple[list[Row], list[Row]], None] = Combiner(
             self._write_many, retry_alone=lambda error: isinstance(error, SchemaError)
         )
@@ -197,12 +207,16 @@ class Service:
             self._writes.submit((rows, summaries))
 
     def _write_many(self, work: list[tuple[list[Row], list[Row]]]) -> list[None]:
-        started = time.perf_counter()
         rows = [row for item, _ in work for row in item]
         summaries = [row for _, item in work for row in item]
+        self.write_rows(rows, summaries)
+        return [None] * len(work)
+
+    def write_rows(self, rows: list[Row], summaries: list[Row]) -> None:
+        """Make step rows and episode summaries durable (values validated on the way in)."""
+        started = time.perf_counter()
         if rows:
-            steps = _batch(self.writer.step_schema, rows)
-            self.writer.append(steps, validated=True)
+            self.writer.append(_batch(self.writer.step_schema, rows), validated=True)
         if summaries:
             try:
                 self.writer.append_episodes(_batch(schema.EPISODE_SCHEMA, summaries),
@@ -210,7 +224,6 @@ class Service:
             except SchemaError as error:  # the steps are written: this must not be retried
                 raise DatasetError(f"writing episode summaries failed: {error}") from error
         self.metrics.observe_append(time.perf_counter() - started, len(rows))
-        return [None] * len(work)
 
     def _reap_loop(self) -> None:
         period = min(self.config.idle_timeout_s / 4, 1.0)

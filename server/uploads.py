@@ -48,6 +48,7 @@ class UploadLedger:
         self._seen: dict[str, set[int]] = defaultdict(set)
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._lock = threading.Lock()
+        self._clients: dict[str, set[str]] = {}  # table -> client ids stored before this run
 
     def store(self, client_id: str, seq: int, tables: dict[str, pa.Table]) -> dict[str, Any]:
         """Write an upload's tables unless this (client, seq) was stored; returns what happened."""
@@ -75,7 +76,7 @@ class UploadLedger:
     def _unstored(self, name: str, table: pa.Table, client_id: str) -> pa.Table:
         """The rows of ``table`` not yet in the dataset (checked once per client per server run)."""
         folder = Path(self._writer.root) / name
-        if table.num_rows == 0 or not folder.is_dir() or not any(folder.rglob("*.parquet")):
+        if table.num_rows == 0 or client_id not in self._stored_clients(name, folder):
             return table
         keys = _KEYS[name]
         episode_ids = pc.unique(table.column("episode_id"))
@@ -91,6 +92,21 @@ class UploadLedger:
         joined = mine.join(marked, keys)  # left outer: unmatched rows have a null mark
         fresh = pc.filter(joined.column("_row"), pc.is_null(joined.column("_stored")))
         return table.take(np.unique(fresh.to_numpy()))
+
+    def _stored_clients(self, name: str, folder: Path) -> set[str]:
+        """The client ids a table held when the server first looked (once per table per run):
+        a client not among them has nothing stored from before this run, so the first upload
+        of each new client skips the scan of the whole table for its keys."""
+        with self._lock:
+            known = self._clients.get(name)
+            if known is None:
+                known = set()
+                if folder.is_dir() and any(folder.rglob("*.parquet")):
+                    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+                    column = dataset.to_table(columns=["client_id"]).column("client_id")
+                    known = set(pc.unique(column).to_pylist())
+                self._clients[name] = known
+            return known
 
 
 def _with_agent(table: pa.Table) -> pa.Table:

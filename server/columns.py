@@ -1,0 +1,274 @@
+"""The columnar step path: single-agent steps of a Box observation space, many at once.
+
+Remote inference for one env (``POST /v1/episodes/{id}/actions`` and ``.../end``) and for many
+(``POST /v1/actions``) does the same thing per row: complete the episode's pending step with the
+new observation, pick an action, make the row durable, advance the episode. Done per row through
+dicts (:mod:`server.service`), that cost more CPU than the HTTP round trip around it. Here every
+request's rows are arrays: the observations are checked in one numpy pass, and the rows of all
+requests that arrive together (:mod:`server.combiner`) share one forward pass, one Arrow batch
+built column by column and one durable append. Multi-agent steps, logged actions and spaces other
+than a Box of floats take the general path; both keep the same :class:`~pipeline.recorder.Episode`
+state, so one episode may use either.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline import layout
+from pipeline.errors import SchemaError
+from pipeline.recorder import Episode, Pending
+from server.combiner import Combiner
+from server.errors import ApiError
+
+_AGENT = layout.DEFAULT_AGENT_ID
+TERMINATED, TRUNCATED = "terminated", "truncated"
+
+
+@dataclass
+class ColumnStep:
+    """One request's rows: episode ``i`` observed ``observations[i]`` after earning ``rewards[i]``.
+
+    ``ends[i]`` is None to ask for an action, else how the episode ended (its observation is the
+    final one). ``requests[i]`` is the client's number for a single-episode request (retries).
+    """
+
+    episode_ids: list[str]
+    observations: np.ndarray  # (n, *shape) in the space's dtype, checked finite
+    rewards: list[float]
+    infos: list[Any] | None
+    ends: list[str | None]
+    requests: list[int | None]
+    answers: bool = True  # an answer object per row (the columnar batch form needs none)
+
+
+@dataclass
+class ColumnAnswer:
+    """Per row: the action (None for an ended episode), its log-probability, and the answer a
+    numbered request keeps for a retry."""
+
+    actions: list[Any]
+    action_logp: list[float | None]
+    policy_version: int | None
+    answers: list[dict[str, Any]]
+
+
+class _Overlap(Exception):
+    """Two requests of one pass touch the same episode: each must run in its own pass."""
+
+
+class ColumnStepper:
+    """Runs :class:`ColumnStep` requests, those arriving together in one pass.
+
+    Args:
+        service: the server's state (episodes, policy, writer, metrics); duck-typed to avoid
+            an import cycle with :mod:`server.service`.
+    """
+
+    def __init__(self, service: Any) -> None:
+        self._service = service
+        self._combiner: Combiner[ColumnStep, ColumnAnswer] = Combiner(
+            self._run,
+            retry_alone=lambda error: isinstance(error, ApiError | SchemaError | _Overlap),
+        )
+
+    def submit(self, step: ColumnStep) -> ColumnAnswer:
+        """Make the rows durable and answer them; concurrent requests share the pass."""
+        return self._combiner.submit(step)
+
+    def _run(self, steps: list[ColumnStep]) -> list[ColumnAnswer]:
+        ids = [episode_id for step in steps for episode_id in step.episode_ids]
+        if len(set(ids)) != len(ids):
+            if len(steps) > 1:
+                raise _Overlap()
+            twice = next(episode_id for episode_id in ids if ids.count(episode_id) > 1)
+            raise ApiError(400, "field 'episode_ids': expected each episode at most once per "
+                                f"request, got '{twice}' twice")  # fmt: skip
+        episodes = self._service.episodes.get_many(ids)
+        held = []
+        try:
+            for episode in sorted(episodes, key=lambda e: e.episode_id):  # one order: no deadlock
+                episode.lock.acquire()
+                held.append(episode.lock)
+            for episode in episodes:
+                if episode.ended:
+                    self._service.episodes.get(episode.episode_id)  # raises the 409
+            return self._locked(steps, episodes)
+        finally:
+            for lock in held:
+                lock.release()
+
+    def _locked(self, steps: list[ColumnStep], episodes: list[Episode]) -> list[ColumnAnswer]:
+        out: list[ColumnAnswer | None] = []
+        fresh: list[ColumnStep] = []
+        fresh_episodes: list[Episode] = []
+        start = 0
+        for step in steps:
+            mine = episodes[start : start + len(step.episode_ids)]
+            start += len(mine)
+            replayed = _replay(step, mine)
+            out.append(replayed)
+            if replayed is None:
+                fresh.append(step)
+                fresh_episodes += mine
+        if fresh:
+            answers = iter(self._step(fresh, fresh_episodes))
+            return [answer if answer is not None else next(answers) for answer in out]
+        return [answer for answer in out if answer is not None]
+
+    def _step(self, steps: list[ColumnStep], episodes: list[Episode]) -> list[ColumnAnswer]:
+        service = self._service
+        service.check_backlog()
+        observations = np.concatenate([step.observations for step in steps])
+        rewards = [reward for step in steps for reward in step.rewards]
+        infos = [info for step in steps for info in (step.infos or [None] * len(step.rewards))]
+        ends = [end for step in steps for end in step.ends]
+        states = [episode.agent(_AGENT) for episode in episodes]
+        acting = [
+            i for i, state in enumerate(states) if ends[i] is None and not state.terminated
+        ]  # fmt: skip
+        actions, logp, version = service.runner.act_array(observations[acting])
+        done = [i for i, state in enumerate(states) if state.pending is not None]
+        rows = self._rows(done, episodes, states, observations, rewards, infos, ends)
+        service.write_rows(rows, _summaries(episodes, states, rewards, ends))
+        now = time.monotonic()
+        for i in done:
+            states[i].advance(states[i].reward + rewards[i], _terminal(states[i], ends[i]))
+        for n, i in enumerate(acting):
+            states[i].pending = Pending(observations[i], actions[n], logp[n], version)
+        for episode in episodes:
+            episode.last_seen = now
+        return self._answers(steps, episodes, acting, actions, logp, version)
+
+    def _rows(
+        self,
+        done: list[int],
+        episodes: list[Episode],
+        states: list[Any],
+        observations: np.ndarray,
+        rewards: list[float],
+        infos: list[Any],
+        ends: list[str | None],
+    ) -> list[dict[str, Any]]:
+        """The step rows the new observations complete. (Rows, not columns: one conversion of
+        all rows as Arrow structs costs less than one ``pa.array`` per column up to ~100 rows.)"""
+        rows = []
+        for i in done:
+            state, episode, end = states[i], episodes[i], ends[i]
+            pending, terminal = state.pending, _terminal(state, end)
+            rows.append({
+                "episode_id": episode.episode_id,
+                "agent_id": _AGENT,
+                "t": state.t,
+                "observation": pending.observation,
+                "action": pending.action,
+                "reward": state.reward + rewards[i],
+                "next_observation": observations[i],
+                "terminated": terminal,
+                "truncated": end == TRUNCATED and not terminal,
+                "action_logp": pending.action_logp,
+                "policy_version": pending.policy_version,
+                "training_enabled": episode.training_enabled,
+                "info": _info(infos[i], state.info),
+                "client_id": episode.client_id,
+            })  # fmt: skip
+        return rows
+
+    def _answers(
+        self,
+        steps: list[ColumnStep],
+        episodes: list[Episode],
+        acting: list[int],
+        actions: list[Any],
+        logp: list[float | None],
+        version: int | None,
+    ) -> list[ColumnAnswer]:
+        row_actions: list[Any] = [None] * len(episodes)
+        row_logp: list[float | None] = [None] * len(episodes)
+        for n, i in enumerate(acting):
+            row_actions[i], row_logp[i] = actions[n], logp[n]
+        out, start = [], 0
+        for step in steps:
+            end = start + len(step.episode_ids)
+            answers = []
+            for i in range(start, end):
+                episode, request, end_ = episodes[i], step.requests[i - start], step.ends[i - start]
+                episode.requests += 1
+                episode.last_request = None
+                if step.answers or request is not None:
+                    answer = _answer(episode.episode_id, end_, row_actions[i], row_logp[i], version)
+                    answers.append(answer)
+                    if request is not None:
+                        episode.last_request = (episode.requests, answer)
+                if end_ is not None:
+                    self._service.episodes.finish(episode)
+            out.append(ColumnAnswer(row_actions[start:end], row_logp[start:end], version,
+                                    answers))  # fmt: skip
+            start = end
+        return out
+
+
+def _nothing_done(error: BaseException) -> bool:
+    """Errors a pass raises before it writes: each request of it may be rerun by itself."""
+    return isinstance(error, ApiError | SchemaError | _Overlap)
+
+
+def _replay(step: ColumnStep, episodes: list[Episode]) -> ColumnAnswer | None:
+    """The answer a retried single-episode request already got, or None to run it."""
+    if len(episodes) != 1 or step.requests[0] is None:
+        return None
+    episode, request = episodes[0], step.requests[0]
+    if episode.last_request is not None and episode.last_request[0] == request:
+        answer: dict[str, Any] = episode.last_request[1]
+        return ColumnAnswer([answer.get("action")], [answer.get("action_logp")],
+                            answer.get("policy_version"), [answer])  # fmt: skip
+    if request != episode.requests + 1:
+        raise ApiError(409, f"field 'request': expected {episode.requests + 1} (the next request "
+                            f"of episode '{episode.episode_id}'), got {request}")  # fmt: skip
+    return None
+
+
+def _answer(episode_id: str, end: str | None, action: Any, logp: float | None,
+            version: int | None) -> dict[str, Any]:  # fmt: skip
+    if end is not None:
+        return {"episode_id": episode_id, "ended": True}
+    return {"episode_id": episode_id, "action": action, "action_logp": logp,
+            "policy_version": None if action is None else version}  # fmt: skip
+
+
+def _terminal(state: Any, end: str | None) -> bool:
+    return end == TERMINATED or bool(state.terminated)
+
+
+def _summaries(episodes: list[Episode], states: list[Any], rewards: list[float],
+               ends: list[str | None]) -> list[dict[str, Any]]:  # fmt: skip
+    """Episodes-table rows of the episodes that end here, as they will be after the commit."""
+    rows = []
+    for i, end in enumerate(ends):
+        if end is None:
+            continue
+        state = states[i]
+        (summary,) = episodes[i].summary_rows(end)
+        if state.pending is not None:
+            summary["length"] += 1
+            summary["return"] += state.reward + rewards[i]
+            if _terminal(state, end):
+                summary["end_reason"] = TERMINATED
+        rows.append(summary)
+    return rows
+
+
+def _info(given: Any, logged: Any) -> Any:
+    """The step's info: the request's, else what log_returns left; JSON text must parse."""
+    value = given if given is not None else logged
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            raise SchemaError.single("info", "an object or JSON text", repr(value[:40])) from None
+    return value
