@@ -1,19 +1,21 @@
 """Learning benchmark: rlpipe's trainers against Stable-Baselines3 on the same machine, same run.
 
-- PPO on CartPole-v1, online through the server: ``rlpipe serve --commit-age 0.25`` writes the
-  live dataset, local-inference ``PolicyClient`` processes (2 by default; each acts with the
-  newest checkpoint it pulls every second and uploads its steps in batches) play as fast as they
-  can, and ``rlpipe train ppo --follow`` trains from the dataset with ``--batch-size 512 --lr
-  1e-3`` (the settings of ``examples/demo.py``: small rollouts, so a version is acted on within
-  a second or two of its publication) and ``--eval-episodes 1`` (online PPO evaluates after
-  every update; its figure is the logged return, not the evaluation). Figure: seconds until the
-  trainer's mean return of the last 20 logged episodes reaches 475, over SB3 PPO's (RL-Zoo's
-  tuned CartPole settings, in-process) to the same bar (``ppo_wall_vs_sb3``).
+- PPO on CartPole-v1, online through the server: ``rlpipe serve --commit-age 0.1`` writes the
+  live dataset; local-inference ``PolicyClient`` processes (2 by default, ``--ppo-clients``) each
+  step 4 CartPoles in turn (SB3 steps 8), at most 1250 steps a second per process
+  (``--ppo-client-rate``: about what the trainer consumes; faster clients only take CPU from
+  it), pulling weights and uploading steps every 0.1 s; ``rlpipe train ppo --follow`` runs
+  RL-Zoo's CartPole settings (``PPO_OPTIONS``) on the newest rows, publishing a version per
+  update. Figure: seconds until the mean return of the last 20 episodes the clients played
+  (summed by the trainer from the rows it read) reaches 475, over SB3 PPO's (RL-Zoo's settings,
+  linear schedules included, in-process) to the same bar on its own training episodes
+  (``ppo_wall_vs_sb3``).
 - SAC on Pendulum-v1, online the same way: one local-inference client stepping at most 300
-  times a second (``--sac-client-rate``; about what the trainer consumes at its 4 rows per
-  update, where an unpaced client spends a core on rows the trainer reads minutes later),
-  ``--batch-size 256``, a checkpoint and a 5-episode greedy evaluation every 250 updates.
-  Figure: seconds until the evaluation return reaches -200, over SB3 SAC's (``sac_wall_vs_sb3``).
+  times a second (``--sac-client-rate``: an unpaced client spends a core on rows the trainer
+  has no time to replay), ``--batch-size 256``, a version published every 50 updates and a
+  5-episode greedy evaluation every 250. The trainer makes one update per new row, as SB3's SAC
+  does, but no more than it has time for. Figure: seconds until the evaluation return reaches
+  -200, over SB3 SAC's (``sac_wall_vs_sb3``).
 - BC and MARWIL on RLlib's recorded CartPole (``cartpole-v1_large``), CQL on RLlib's recorded
   Pendulum (``pendulum-v1_enormous``), offline through ``rlpipe train``: the evaluation return.
 
@@ -57,6 +59,9 @@ from pipeline.cli import main as rlpipe
 ROOT = Path(__file__).resolve().parents[1]
 ANCHOR = ROOT.parent / "shared" / "anchor-data" / "rllib-test-data"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+CLIENT_INTERVAL_S = 0.1  # clients pull weights and upload steps this often
+ENVS_PER_CLIENT = 4  # simulators a client process steps in turn, as SB3 steps its 8 envs
+COMMIT_AGE_S = "0.1"  # the server commits a shard at least this often
 
 
 def rllib_dataset(source: Path, path: Path, env_id: str, limit: int) -> Path:
@@ -115,41 +120,52 @@ def offline(algorithm: str, data: Path, root: Path, budget: float, stop: float) 
 
 
 def client(address: str, env_id: str, seed: int, spool: Path, rate: float) -> None:
-    """A local-inference client process: RLlib's verbs through ``PolicyClient``, acting with the
-    weights it pulls every second, at most ``rate`` steps a second (0: as fast as it can), until
-    SIGINT."""
+    """A local-inference client process: RLlib's verbs through ``PolicyClient``, stepping
+    ENVS_PER_CLIENT simulators in turn (one open episode each), acting with the weights it pulls
+    every CLIENT_INTERVAL_S and uploading its steps as often, at most ``rate`` steps a second
+    (0: as fast as it can), until SIGINT."""
     from pipeline.client import PolicyClient
 
-    env = gym.make(env_id)
-    env.action_space.seed(seed)
-    policy_client = PolicyClient(address, inference_mode="local", update_interval=1.0,
-                                 spool_dir=spool, seed=seed)  # fmt: skip
-    number, due = 0, time.monotonic()
+    envs = [gym.make(env_id) for _ in range(ENVS_PER_CLIENT)]
+    policy_client = PolicyClient(address, inference_mode="local", spool_dir=spool, seed=seed,
+                                 update_interval=CLIENT_INTERVAL_S,
+                                 upload_interval_s=CLIENT_INTERVAL_S)  # fmt: skip
+    numbers = iter(range(seed * 100_000, (seed + 1) * 100_000))
+
+    def start(env: gym.Env[Any, Any]) -> tuple[str, Any]:
+        number = next(numbers)
+        return policy_client.start_episode(seed=number), env.reset(seed=number)[0]
+
+    episodes = [start(env) for env in envs]
+    due = time.monotonic()
     try:
         while True:
-            observation, _ = env.reset(seed=seed * 100_000 + number)
-            episode_id = policy_client.start_episode(seed=seed * 100_000 + number)
-            terminated = truncated = False
-            while not (terminated or truncated):
+            for index, env in enumerate(envs):
+                episode_id, observation = episodes[index]
                 action = policy_client.get_action(episode_id, observation)
                 observation, reward, terminated, truncated, _ = env.step(action)
                 policy_client.log_returns(episode_id, float(reward))
-                if rate:
-                    due = max(due + 1.0 / rate, time.monotonic() - 1.0)
-                    time.sleep(max(0.0, due - time.monotonic()))
-            policy_client.end_episode(episode_id, observation, truncated=truncated)
-            number += 1
+                episodes[index] = (episode_id, observation)
+                if terminated or truncated:
+                    policy_client.end_episode(episode_id, observation, truncated=truncated)
+                    episodes[index] = start(env)
+            if rate:  # sleep only when 20 ms ahead: a sleep a step costs more than the step
+                due = max(due + len(envs) / rate, time.monotonic() - 1.0)
+                if due - time.monotonic() > 0.02:
+                    time.sleep(due - time.monotonic())
     except KeyboardInterrupt:
         pass
     finally:
         policy_client.close(timeout_s=5.0)
-        env.close()
+        for env in envs:
+            env.close()
 
 
 def _serve(data: Path, env_id: str) -> tuple[subprocess.Popen[str], str]:
     """``rlpipe serve`` on a free port; its address is the first URL it prints."""
     command = [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data),
-               "--env", env_id, "--port", "0", "--commit-age", "0.25"]  # fmt: skip
+               "--env", env_id, "--port", "0", "--commit-age", COMMIT_AGE_S,
+               "--policy-poll", "0.1"]  # fmt: skip
     server = subprocess.Popen(command, text=True, env=ENV, cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     if server.stdout is None:
@@ -253,6 +269,9 @@ def sb3_ppo(budget: float) -> tuple[float | None, int]:
             solved[0] = len(recent) == 20 and bool(np.mean(recent) >= 475)
             return not solved[0] and time.perf_counter() - started < budget
 
+    def linear(start: float) -> Any:  # RL-Zoo's lin_ schedules: start * progress remaining
+        return lambda progress_remaining: progress_remaining * start
+
     solved = [False]
     env = make_vec_env("CartPole-v1", n_envs=8, seed=0)
     model = PPO(
@@ -264,11 +283,11 @@ def sb3_ppo(budget: float) -> tuple[float | None, int]:
         gamma=0.98,
         n_epochs=20,
         ent_coef=0.0,
-        learning_rate=0.001,
-        clip_range=0.2,
+        learning_rate=linear(0.001),
+        clip_range=linear(0.2),
         seed=0,
         device="cpu",
-    )  # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1 (constant rates)
+    )  # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1 (n_timesteps 1e5)
     started = time.perf_counter()
     model.learn(total_timesteps=100_000, callback=Stop())
     seconds = time.perf_counter() - started
@@ -315,11 +334,19 @@ def _ratio(name: str, ours: float | None, theirs: float | None, budget: float) -
     return ours / theirs
 
 
+# RL-Zoo's CartPole-v1 PPO (the settings SB3 runs with below), in the trainer's terms: 256 rows
+# (8 envs x 32 steps) per update, 20 passes over them as one minibatch, lr and clip falling to 0
+# over the 390 updates of the zoo's 1e5 steps. Online, each update takes the newest rows (at least
+# 256, at most 1024: more rows cost little on this network); an evaluation every 100 updates.
+PPO_OPTIONS = ("--batch-size", "256", "--lr", "1e-3", "--gamma", "0.98", "--gae-lambda", "0.8",
+               "--update-epochs", "20", "--num-minibatches", "1", "--anneal-updates", "390",
+               "--eval-every", "100")  # fmt: skip
+
+
 def _online_figures(only: set[str], root: Path, args: argparse.Namespace) -> dict[str, Any]:
     runs = [
-        OnlineRun("ppo", "CartPole-v1", 475.0,
-                  ("--batch-size", "512", "--lr", "1e-3", "--eval-episodes", "1"),
-                  args.ppo_clients),
+        OnlineRun("ppo", "CartPole-v1", 475.0, PPO_OPTIONS, args.ppo_clients,
+                  args.ppo_client_rate),
         OnlineRun("sac", "Pendulum-v1", -200.0, ("--batch-size", "256", "--eval-every", "250"),
                   args.sac_clients, args.sac_client_rate),
     ]  # fmt: skip
@@ -381,6 +408,12 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--only", default="ppo,sac,bc,marwil,cql")
     parser.add_argument("--ppo-clients", type=int, default=2, help="CartPole client processes")
+    parser.add_argument(
+        "--ppo-client-rate",
+        type=float,
+        default=1250.0,
+        help="steps a second each CartPole client takes at most (0: no limit)",
+    )
     parser.add_argument("--sac-clients", type=int, default=1, help="Pendulum client processes")
     parser.add_argument(
         "--sac-client-rate",

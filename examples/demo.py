@@ -35,6 +35,10 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = (("local", 1), ("local", 2), ("remote", 3), ("remote", 4))
 SOLVED = 475.0
+# RL-Zoo's CartPole PPO settings (as bench/learn.py runs them): small updates, many of them
+PPO_OPTIONS = ("--batch-size", "256", "--lr", "1e-3", "--gamma", "0.98", "--gae-lambda", "0.8",
+               "--update-epochs", "20", "--num-minibatches", "1",
+               "--anneal-updates", "390")  # fmt: skip
 RETURN_LINE = re.compile(r"^episode \S+: total reward (?P<reward>[-\d.]+)")
 
 
@@ -92,15 +96,14 @@ def play(out: Path, budget: float) -> tuple[str, bool]:
     with (out / "train.log").open("w") as log:
         trainer = _rlpipe("train", "ppo", "--follow", "--data", str(data), "--run-dir", str(run),
                           "--stop-return", str(SOLVED), "--max-seconds", str(budget),
-                          "--batch-size", "512", "--lr", "1e-3",
-                          stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                          *PPO_OPTIONS, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     returns: collections.deque[float] = collections.deque(maxlen=20)
     counts = [0]
     clients = []
     for mode, seed in CLIENTS:
         client = subprocess.Popen(
             [sys.executable, str(ROOT / "examples" / "cartpole_client.py"), "--port", port,
-             "--inference-mode", mode, "--seed", str(seed * 100_000), "--update-interval", "1"],
+             "--inference-mode", mode, "--seed", str(seed * 100_000), "--update-interval", "0.2"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)),
         )  # fmt: skip

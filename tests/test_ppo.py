@@ -1,4 +1,4 @@
-"""PPO learns CartPole from rollouts of its own published checkpoints; stale rows are masked."""
+"""PPO learns CartPole from rollouts of its own published checkpoints, stale ones included."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from pipeline.batch import Batch
 from pipeline.errors import ConfigError
@@ -46,21 +47,46 @@ _FIELDS = ("observations", "actions", "rewards", "next_observations", "terminate
            "truncateds", "action_logps", "policy_versions", "episode_ids")  # fmt: skip
 
 
-def test_ppo_learns_cartpole_from_its_published_versions() -> None:
+@pytest.mark.parametrize("lag", [0, 2])
+def test_ppo_learns_cartpole_from_its_published_versions(lag: int) -> None:
+    """With ``lag``, rows come from the version published ``lag`` updates earlier, as online
+    rows do: the behaviour correction keeps them useful."""
     env = gym.make("CartPole-v1")
     trainer = PPO(env.observation_space, env.action_space, PPOConfig(lr=1e-3, update_epochs=4))
+    published = [trainer.checkpoint(1)]
     lengths = []
     for version in range(1, 13):
-        batch = rollouts(trainer.checkpoint(version), env, steps=1024, seed=version)
+        acting = published[max(0, len(published) - 1 - lag)]
+        batch = rollouts(acting, env, steps=1024, seed=version)
         lengths.append(len(batch) / len(np.unique(batch.episode_ids)))
         metrics = trainer.update(batch)
         assert metrics["fresh_fraction"] == 1.0
+        assert metrics["policy_lag"] == min(lag, version - 1)
+        published.append(trainer.checkpoint(version + 1))
     env.close()
     # random play lasts about 22 steps
     assert np.mean(lengths[:2]) < 40
     assert np.mean(lengths[-2:]) > 2 * np.mean(lengths[:2])
-    # 12k steps of PPO: about 80 greedy on this seed, well clear of random
-    assert evaluate(trainer.checkpoint(13), "CartPole-v1", episodes=3) > 60
+    # 12k steps of PPO: well clear of random
+    assert evaluate(trainer.checkpoint(14), "CartPole-v1", episodes=3) > 60
+
+
+def test_ppo_weights_stale_rows_by_pi_over_mu_truncated_at_rho_bar() -> None:
+    env = gym.make("CartPole-v1")
+    trainer = PPO(env.observation_space, env.action_space, PPOConfig(update_epochs=1))
+    batch = rollouts(trainer.checkpoint(2), env, steps=40, seed=0)
+    env.close()
+    x = torch.as_tensor(batch.observations, dtype=torch.float32)
+    with torch.no_grad():
+        proximal, _ = trainer.policy.log_prob_entropy(x, torch.as_tensor(batch.actions))
+    # half the rows were twice as likely under their behaviour policy (pi/mu = 0.5), half half
+    # as likely (pi/mu = 2, truncated to rho_bar = 1): the mean weight is 0.75
+    halves = np.where(np.arange(len(batch)) % 2 == 0, np.log(2.0), -np.log(2.0))
+    stale = batch.replace(action_logps=proximal.numpy() + halves,
+                          policy_versions=np.ones(len(batch), np.int64))  # fmt: skip
+    metrics = trainer.update(stale)
+    assert metrics["rho"] == pytest.approx(0.75, abs=1e-5)
+    assert metrics["policy_lag"] == 1.0
 
 
 def test_ppo_leaves_stale_and_unlogged_rows_out_of_the_policy_loss() -> None:
@@ -107,8 +133,16 @@ def test_ppo_box_actions_export_a_gaussian() -> None:
         ({"clip_coef": 0}, "PPOConfig.clip_coef: expected a number > 0, got 0"),
         ({"gae_lambda": 1.2}, "PPOConfig.gae_lambda: expected a number in [0, 1], got 1.2"),
         ({"update_epochs": 0}, "PPOConfig.update_epochs: expected an integer >= 1, got 0"),
+        ({"rho_bar": 0}, "PPOConfig.rho_bar: expected a number > 0, got 0"),
+        ({"anneal_updates": 0}, "PPOConfig.anneal_updates: expected an integer >= 1, got 0"),
     ],
 )
 def test_ppo_config_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         PPOConfig(**kwargs)
+
+
+def test_ppo_anneals_lr_and_clip_linearly_to_zero() -> None:
+    config = PPOConfig(lr=1e-3, anneal_updates=4)
+    assert [config.progress_remaining(u) for u in (0, 1, 4, 9)] == [1.0, 0.75, 0.0, 0.0]
+    assert PPOConfig().progress_remaining(10**6) == 1.0

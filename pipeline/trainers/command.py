@@ -43,17 +43,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--batch-size",
         type=int,
-        help="rows per update (default: 256; PPO online: 2048 rows of episodes)",
+        help="rows per update (default: 256; PPO online: 2048, the least number of new rows "
+        "an update waits for)",
     )
     parser.add_argument(
         "--eval-every",
         type=int,
         default=500,
-        help="updates between checkpoints and evaluations (default: 500)",
+        help="updates between evaluations (default: 500); offline and online SAC, BC and CQL "
+        "also publish a checkpoint only then, online PPO after every update",
     )
     parser.add_argument("--eval-episodes", type=int, default=5)
     parser.add_argument("--hidden", type=_widths, help="hidden layer widths, e.g. 64,64")
     parser.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
+    for flag, kind, text in _HYPERPARAMETERS:
+        parser.add_argument(flag, type=kind, help=f"{text} (default: the algorithm's)")
     parser.add_argument(
         "--timeout",
         type=float,
@@ -86,19 +90,17 @@ def run(args: argparse.Namespace) -> int:
         max_seconds=args.max_seconds,
         max_updates=args.max_updates,
         batch_size=default_batch if args.batch_size is None else args.batch_size,
-        eval_every=args.eval_every if not args.follow or args.algorithm != "ppo" else 1,
+        eval_every=args.eval_every,
         eval_episodes=args.eval_episodes,
         timeout_s=args.timeout,
         seed=args.seed,
     )
+    options = {"hidden": args.hidden, "lr": args.lr}
+    options.update({_field(flag): getattr(args, _field(flag)) for flag, _, _ in _HYPERPARAMETERS})
     trainer = make_trainer(
-        args.algorithm,
-        manifest.observation_space,
-        manifest.action_space,
-        seed=args.seed,
-        hidden=args.hidden,
-        lr=args.lr,
-    )
+        args.algorithm, manifest.observation_space, manifest.action_space, seed=args.seed,
+        **{name: value for name, value in options.items() if value is not None},
+    )  # fmt: skip
     log = RunLog(run_dir, f"{args.algorithm} {'online' if args.follow else 'offline'}")
     try:
         train = loop.train_online if args.follow else loop.train_offline
@@ -115,26 +117,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def make_trainer(
-    algorithm: str,
-    observation_space: Any,
-    action_space: Any,
-    *,
-    seed: int = 0,
-    hidden: tuple[int, ...] | None = None,
-    lr: float | None = None,
+    algorithm: str, observation_space: Any, action_space: Any, *, seed: int = 0, **options: Any
 ) -> Any:
-    """A trainer with its algorithm's default config, but for the options given."""
+    """A trainer with its algorithm's default config, but for the ``options`` given (config
+    field names, such as ``lr`` or ``gae_lambda``)."""
+    import dataclasses
     import importlib
 
     module = importlib.import_module(f"pipeline.trainers.{algorithm}")
     name = {"ppo": "PPO", "sac": "SAC", "bc": "BC", "marwil": "MARWIL", "cql": "CQL"}[algorithm]
-    options: dict[str, Any] = {"seed": seed}
-    if hidden is not None:
-        options["hidden"] = hidden
-    if lr is not None:
-        options["lr"] = lr
-    config = getattr(module, f"{name}Config")(**options)
-    return getattr(module, name)(observation_space, action_space, config)
+    config_type = getattr(module, f"{name}Config")
+    fields = {field.name for field in dataclasses.fields(config_type)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ConfigError("train", unknown[0], f"an option of {config_type.__name__}",
+                          f"--{unknown[0].replace('_', '-')} given to {algorithm}")  # fmt: skip
+    return getattr(module, name)(observation_space, action_space, config_type(seed=seed, **options))
+
+
+# Hyperparameters some algorithms have, each a field of their config under the flag's name.
+_HYPERPARAMETERS = (
+    ("--gamma", float, "discount"),
+    ("--gae-lambda", float, "PPO: GAE's lambda"),
+    ("--update-epochs", int, "PPO: passes over each batch"),
+    ("--num-minibatches", int, "PPO: minibatches per pass"),
+    ("--anneal-updates", int, "PPO: lr and clip fall linearly to 0 over this many updates"),
+)
+
+
+def _field(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
 
 
 def _widths(text: str) -> tuple[int, ...]:

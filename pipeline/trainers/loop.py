@@ -5,17 +5,25 @@ and minibatches are sampled from it; every ``eval_every`` updates a checkpoint g
 ``RUN/checkpoints`` (never into the dataset, which may be a shipped one) and, when the env is
 known, is evaluated in gymnasium.
 
-Online (``follow``), the reader follows the dataset ``rlpipe serve`` writes, and every checkpoint is
+Online (``follow``), the reader follows the dataset ``rlpipe serve`` writes, and checkpoints are
 published into ``DATASET/checkpoints``, where the server and the clients pick up the newest. The
-first one is published before any update, so clients have a policy to act with. PPO waits for
-``batch_size`` rows of whole episodes logged with this run's versions, updates, publishes the
-next version; episodes with no row fresh enough for PPO's policy loss (see
-:mod:`pipeline.trainers.ppo`) are skipped, so a trainer that fell behind its clients catches up
-with the log instead of training on its backlog. The others sample minibatches from a replay
-buffer of everything read so far.
+first one is published before any update, so clients have a policy to act with.
 
-Both save the trainer's state (``RUN/trainer-state.npz``) with each checkpoint; a run started
-again with the same ``--run-dir`` resumes from it.
+- PPO reads the rows of this run's versions as they are committed (episode fragments: it does
+  not wait for an episode to end) and updates on the newest of them as soon as ``batch_size``
+  new ones have come (rows too stale for its policy loss, see :mod:`pipeline.trainers.ppo`, do
+  not count; older rows are read past, so a trainer slower than its clients stays at the front
+  of the log instead of training on its backlog). It publishes a version after every update,
+  since its next rows should come from it. Its score is
+  the mean return of the last 20 episodes the clients played, summed from the rows it read:
+  what the clients actually got, at no cost. A gymnasium evaluation runs only every
+  ``eval_every`` updates, off the critical path of a run that stops on that score.
+- The others sample minibatches from a replay buffer of everything read so far, publish every
+  ``eval_every`` updates and evaluate then.
+
+Both save the trainer's state (``RUN/trainer-state.npz``) with each evaluation, at least every
+``STATE_EVERY_S`` seconds and when they stop; a run started again with the same ``--run-dir``
+resumes from it.
 """
 
 from __future__ import annotations
@@ -34,8 +42,16 @@ from pipeline.errors import ConfigError, DatasetError
 from pipeline.reader import InputReader
 from pipeline.trainers import state
 from pipeline.trainers.buffer import ReplayBuffer
-from pipeline.trainers.evaluation import evaluate
+from pipeline.trainers.evaluation import evaluate as evaluate_policy
 from pipeline.trainers.runlog import RunLog
+
+STATE_EVERY_S = 10.0  # online PPO publishes several versions a second; its state needn't follow
+POLL_S = 0.02  # how often a follower lists the dataset: a small part of an update
+SCORE_EPISODES = 20  # the online score: mean return of this many most recent episodes
+MAX_BATCHES = 2  # online PPO trains on at most this many batch sizes of the newest rows
+MAX_UPDATES_PER_READ = 50  # off-policy updates between looks at the dataset
+PUBLISH_UPDATES = 50  # off-policy versions published this often, evaluated every eval_every
+_ALL_NEW_ROWS = 1 << 30  # a reader batch size no look at a live dataset fills
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,7 @@ class LoopSettings:
     batch_size: int = 256
     eval_every: int = 500
     eval_episodes: int = 5
-    replay_ratio: float = 0.25
+    replay_ratio: float = 1.0
     timeout_s: float = 60.0
     seed: int = 0
 
@@ -80,21 +96,28 @@ class _Run:
         state_file = settings.run_dir / state.STATE_FILE
         if state_file.exists():
             trainer.load_state_dict(state.load_state(state_file))
-        self.start = time.monotonic()
+        self.start = self.saved = time.monotonic()
         self.updates = 0
 
-    def publish(self, **metrics: Any) -> dict[str, Any]:
-        """Export the next version, save it and the trainer state, evaluate, log."""
+    def publish(self, metrics: dict[str, Any], evaluate: bool = True) -> dict[str, Any]:
+        """Export the next version and save it; with ``evaluate``, evaluate it; log.
+
+        The trainer's state is saved with each evaluation and at least every STATE_EVERY_S."""
         self.version += 1
         checkpoint = self.trainer.checkpoint(self.version)
         policy.save_checkpoint(self.publish_dir, checkpoint)
-        state.save_state(self.settings.run_dir, self.trainer.state_dict())
+        if evaluate or time.monotonic() - self.saved >= STATE_EVERY_S:
+            self.save_state()
         values: dict[str, Any] = {"update": self.updates, "version": self.version, **metrics}
-        if self.settings.env_id is not None and self.updates:
-            values["eval_return"] = evaluate(
+        if evaluate and self.settings.env_id is not None and self.updates:
+            values["eval_return"] = evaluate_policy(
                 checkpoint, self.settings.env_id, self.settings.eval_episodes, self.settings.seed
             )
         return self.log.record(**values)
+
+    def save_state(self) -> None:
+        state.save_state(self.settings.run_dir, self.trainer.state_dict())
+        self.saved = time.monotonic()
 
     def finished(self, score: float | None) -> bool:
         s = self.settings
@@ -120,67 +143,134 @@ def train_offline(trainer: Any, settings: LoopSettings, log: RunLog) -> dict[str
         metrics = trainer.update(buffer.sample(settings.batch_size))
         run.updates += 1
         if run.updates % settings.eval_every == 0 or run.finished(None):
-            entry = run.publish(rows=len(data), **metrics)
+            entry = run.publish({"rows": len(data), **metrics})
             if run.finished(entry.get("eval_return")):
                 return entry
 
 
 def train_online(trainer: Any, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
     run = _Run(trainer, settings, log)
-    entry = run.publish()  # version for clients to act with before the first update
-    if trainer.algorithm == "ppo":
-        return _online_episodes(run, entry)
-    return _online_transitions(run, entry)
+    entry = run.publish({}, evaluate=False)  # a version for clients to act with before any update
+    try:
+        if trainer.algorithm == "ppo":
+            return _online_rollouts(run, entry)
+        return _online_transitions(run, entry)
+    finally:
+        run.save_state()
 
 
-def _online_episodes(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
-    """PPO: rollouts of whole episodes acted by this run's versions, one update per batch."""
+def _online_rollouts(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
+    """PPO: an update on the rows acted by this run's versions since the last update, as soon as
+    there are ``batch_size`` of them (the newest ``MAX_BATCHES * batch_size`` when more came).
+
+    Older rows are read (their returns count) but not trained on, so the trainer stays at the
+    front of the log however fast the clients play; and a larger batch costs a small network
+    little more per gradient step than a small one, so rows the clients made are used, not
+    dropped, up to that cap."""
     s = run.settings
-    reader = InputReader(s.data, episodes=True, follow=True, timeout_s=s.timeout_s,
-                         min_policy_version=run.version)  # fmt: skip
+    # one batch per look at the dataset: everything committed since the last one
+    reader = InputReader(s.data, batch_size=_ALL_NEW_ROWS, follow=True, timeout_s=s.timeout_s,
+                         poll_interval_s=POLL_S, min_policy_version=run.version)  # fmt: skip
+    returns = EpisodeReturns(SCORE_EPISODES)
     pending: list[Batch] = []
-    returns: collections.deque[float] = collections.deque(maxlen=20)
-    env_steps = skipped = 0
-    for episode in reader:
-        env_steps += len(episode)
-        if bool(episode.terminateds[-1]) or bool(episode.truncateds[-1]):
-            returns.append(float(np.sum(episode.rewards)))
-        if not run.trainer.fresh(episode).any():
-            # all too stale for the policy loss: skip the backlog rather than train on it
-            skipped += len(episode)
+    rows = env_steps = trained = 0
+    for batch in reader:
+        env_steps += len(batch)
+        returns.add(batch)
+        if not run.trainer.fresh(batch).any():
+            continue  # all too stale for the policy loss: read past the backlog
+        pending.append(batch)
+        rows += len(batch)
+        if rows < s.batch_size:
             continue
-        pending.append(episode)
-        if sum(len(part) for part in pending) < s.batch_size:
-            continue
-        metrics = run.trainer.update(Batch.concat(pending))
-        pending, run.updates = [], run.updates + 1
-        score = float(np.mean(returns)) if returns else None
+        newest = _by_episode(Batch.concat(pending)[max(0, rows - MAX_BATCHES * s.batch_size) :])
+        metrics = run.trainer.update(newest)
+        pending, rows, run.updates, trained = [], 0, run.updates + 1, trained + len(newest)
+        score = returns.mean() if returns.full else None  # a mean of 20, or none yet
         entry = run.publish(
-            env_steps=env_steps, skipped_rows=skipped, episode_return=score, **metrics
-        )
+            {"env_steps": env_steps, "rows": len(newest), "skipped_rows": env_steps - trained,
+             "episodes": returns.count, "episode_return": score, **metrics},
+            evaluate=run.updates % s.eval_every == 0,
+        )  # fmt: skip
         if run.finished(score):
             break
     return entry
 
 
+def _by_episode(batch: Batch) -> Batch:
+    """The rows grouped by episode, in ``t`` order within each, as PPO's GAE needs them: a
+    client that runs several simulators uploads their steps interleaved."""
+    return batch[np.lexsort((np.asarray(batch.ts), np.asarray(batch.episode_ids)))]
+
+
+class EpisodeReturns:
+    """Returns of the episodes the clients played, summed from their rows as they are read.
+
+    Rows of an episode may come in any number of batches, in any order; an episode counts once all
+    its rows have come (``t`` = 0 .. its terminal row's), so a score never includes half an
+    episode. An episode whose first rows were filtered out (acted before this run's first
+    version) never completes, and never counts."""
+
+    def __init__(self, window: int) -> None:
+        self.recent: collections.deque[float] = collections.deque(maxlen=window)
+        self.count = 0
+        self._open: dict[str, list[float]] = {}  # episode_id -> [return so far, rows, length]
+
+    def add(self, batch: Batch) -> None:
+        ids = np.asarray(batch.episode_ids)
+        ends = np.asarray(batch.terminateds, bool) | np.asarray(batch.truncateds, bool)
+        ts, rewards = np.asarray(batch.ts), np.asarray(batch.rewards, np.float64)
+        for segment in np.split(np.arange(len(ids)), np.flatnonzero(ids[1:] != ids[:-1]) + 1):
+            if not len(segment):
+                continue
+            key = str(ids[segment[0]])
+            total = self._open.setdefault(key, [0.0, 0, -1])
+            total[0] += float(rewards[segment].sum())
+            total[1] += len(segment)
+            last = segment[ends[segment]]
+            if len(last):
+                total[2] = int(ts[last[-1]]) + 1
+            if total[1] == total[2]:
+                del self._open[key]
+                self.recent.append(total[0])
+                self.count += 1
+
+    @property
+    def full(self) -> bool:
+        return len(self.recent) == self.recent.maxlen
+
+    def mean(self) -> float | None:
+        return float(np.mean(self.recent)) if self.recent else None
+
+
 def _online_transitions(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
-    """Off-policy (and BC-like) trainers: a replay buffer of everything read, sampled."""
+    """Off-policy (and BC-like) trainers: a replay buffer of everything read, sampled.
+
+    Each look at the dataset adds every row committed since the last one, then makes
+    ``replay_ratio`` updates per new row (SB3's SAC: one gradient step per env step), at most
+    MAX_UPDATES_PER_READ: clients faster than the trainer then lower the ratio, instead of
+    leaving the trainer minutes behind on a backlog read oldest first. A version is published
+    every PUBLISH_UPDATES updates, so clients act with a recent policy, and evaluated every
+    ``eval_every``."""
     s = run.settings
-    reader = InputReader(s.data, batch_size=s.batch_size, follow=True, timeout_s=s.timeout_s)
+    reader = InputReader(s.data, batch_size=_ALL_NEW_ROWS, follow=True, timeout_s=s.timeout_s,
+                         poll_interval_s=POLL_S)  # fmt: skip
     buffer = ReplayBuffer(seed=s.seed)
-    env_steps, since_publish = 0, 0
+    env_steps = since_eval = since_publish = 0
     for batch in reader:
         buffer.add(batch)
         env_steps += len(batch)
         if len(buffer) < s.batch_size:
             continue
-        for _ in range(max(1, round(len(batch) * s.replay_ratio))):
+        for _ in range(min(max(1, round(len(batch) * s.replay_ratio)), MAX_UPDATES_PER_READ)):
             metrics = run.trainer.update(buffer.sample(s.batch_size))
             run.updates += 1
-            since_publish += 1
-        if since_publish >= s.eval_every or run.finished(None):
-            since_publish = 0
-            entry = run.publish(env_steps=env_steps, **metrics)
+            since_eval, since_publish = since_eval + 1, since_publish + 1
+            evaluate = since_eval >= s.eval_every or run.finished(None)
+            if not evaluate and since_publish < PUBLISH_UPDATES:
+                continue
+            since_eval, since_publish = (0 if evaluate else since_eval), 0
+            entry = run.publish({"env_steps": env_steps, **metrics}, evaluate)
             if run.finished(entry.get("eval_return")):
-                break
+                return entry
     return entry

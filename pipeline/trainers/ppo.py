@@ -2,31 +2,42 @@
 
 Online, the rows come from clients acting with published checkpoints, so the behaviour policy of a
 row is the checkpoint version it logged (``policy_version``), and its probability is the logged
-``action_logp``. The importance ratio is taken against that *behaviour* log-probability, not
-against a recomputation: the trainer may no longer hold the weights that acted, and the logged
-value is exactly the probability the row was sampled with.
+``action_logp``: the trainer may no longer hold the weights that acted, and the logged value is
+exactly the probability the row was sampled with.
 
-Stale rows. Clients act with the newest checkpoint they have, so rows lag the trainer by a
-version or more. PPO's clipping already bounds a step relative to the behaviour policy, and that
-correction stays sound for a small lag; for a large lag the ratio is far from 1 on most rows, the
-clipped objective gives them zero gradient anyway, and they only add noise. So:
+Stale rows. Clients act with the newest checkpoint they have pulled, and their rows reach the
+trainer through uploads and committed shards, so online rows are usually a few versions behind
+the trainer (it publishes a version per update, several a second). Dropping them would throw
+away most of the data (93-95% of it, measured on CartPole with two clients), so they are
+corrected instead, as decoupled PPO does (Hilton et al. 2022, "Batch size-invariance for policy
+optimization", eq. 2):
 
-- rows with ``policy_version < version - max_policy_lag`` (``version`` being the newest checkpoint
-  this trainer exported) and rows without a behaviour ``action_logp`` (NaN) are left out of the
-  policy loss;
-- every row still counts for the value loss and for GAE, which need no behaviour probability
-  (the value function is fit to targets from the current critic; a slightly stale target is the
+- the clip is taken around the *proximal* policy, the trainer's own weights when the update
+  starts (``ratio = pi / pi_prox``), not around the behaviour policy: with a stale behaviour
+  policy the behaviour ratio is far from 1 on most rows, and clipping around it would give those
+  rows no gradient at all;
+- the behaviour correction ``pi_prox / mu`` (``mu`` = the logged ``action_logp``) multiplies each
+  row's clipped term, truncated at ``rho_bar`` as V-trace truncates its weights (Espeholt et al.
+  2018), which bounds the variance a very unlikely behaviour action would bring; for rows acted
+  with the trainer's newest version the weight is 1 and this is plain PPO;
+- rows more than ``max_policy_lag`` versions old (``version`` being the newest checkpoint this
+  trainer exported), and rows without a behaviour ``action_logp`` (NaN: acted at random before a
+  checkpoint existed), are left out of the policy loss: past some lag the corrections are mostly
+  truncation and the rows only add variance;
+- every row still counts for the value loss and GAE, which need no behaviour probability (the
+  value function is fit to targets from the current critic; a slightly stale target is the
   usual price of off-policy value learning).
 
-``update(batch)`` takes rows of whole episodes (or episode fragments) in ``t`` order, as
-``InputReader(episodes=True)`` yields them, concatenated; truncated episodes bootstrap from
-``V(next_observation)`` (see :mod:`pipeline.trainers.returns`).
+``update(batch)`` takes rows in ``t`` order within each episode, each episode's rows contiguous:
+whole episodes, as ``InputReader(episodes=True)`` yields them, or fragments of them, as a
+follower of a live dataset reads them. A fragment that does not end its episode bootstraps from
+``V(next_observation)``, as a truncated episode does (see :mod:`pipeline.trainers.returns`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -60,6 +71,10 @@ class PPOConfig:
     num_minibatches: minibatches per pass.
     norm_adv: normalize advantages per minibatch.
     max_policy_lag: rows older than this many versions leave the policy loss (see above).
+    rho_bar: truncation of the behaviour correction ``pi_prox / mu`` (see above).
+    anneal_updates: when set, ``lr`` and ``clip_coef`` fall linearly to 0 over this many
+        updates (RL-Zoo's ``lin_`` schedules, counted in updates: the trainer of a live dataset
+        knows its updates, not the steps its clients will take); None keeps them constant.
     hidden, activation: shape of policy and value networks.
     seed: seeds initial weights and minibatch order.
     """
@@ -74,17 +89,27 @@ class PPOConfig:
     update_epochs: int = 10
     num_minibatches: int = 4
     norm_adv: bool = True
-    max_policy_lag: int = 1
+    max_policy_lag: int = 16
+    rho_bar: float = 1.0
+    anneal_updates: int | None = None
     hidden: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
     seed: int = 0
 
     def __post_init__(self) -> None:
-        validation.positive(self, "lr", "clip_coef", "max_grad_norm")
+        validation.positive(self, "lr", "clip_coef", "max_grad_norm", "rho_bar")
         validation.non_negative(self, "ent_coef", "vf_coef", "max_policy_lag")
         validation.unit_interval(self, "gamma", "gae_lambda")
         validation.counts(self, "update_epochs", "num_minibatches")
         validation.network(self)
+        if self.anneal_updates is not None:
+            validation.counts(self, "anneal_updates")
+
+    def progress_remaining(self, updates: int) -> float:
+        """The fraction of ``lr`` and ``clip_coef`` in force after ``updates`` updates."""
+        if self.anneal_updates is None:
+            return 1.0
+        return max(0.0, 1.0 - updates / self.anneal_updates)
 
 
 class PPO:
@@ -104,9 +129,11 @@ class PPO:
         self.rng = np.random.default_rng(c.seed)
         self.policy = PolicyNetwork(observation_space, action_space, c.hidden, c.activation)
         self.value = MLP(flattening.flatdim(observation_space), c.hidden, 1, c.activation)
-        self.optimizer = torch.optim.Adam(
-            [*self.policy.parameters(), *self.value.parameters()], lr=c.lr, eps=1e-5
-        )
+        _orthogonal(self.policy.pi, output_gain=0.01)
+        _orthogonal(self.value, output_gain=1.0)
+        self.trainable = [*self.policy.parameters(), *self.value.parameters()]
+        # fused: one kernel for all parameters; a third of a small network's step otherwise
+        self.optimizer = torch.optim.Adam(self.trainable, lr=c.lr, eps=1e-5, fused=True)
         self.version = 0  # the newest checkpoint exported; rows are judged stale against it
         self.updates = 0
 
@@ -131,66 +158,80 @@ class PPO:
             batch.truncateds,
             c.gamma,
             c.gae_lambda,
-            episode_ids=batch.episode_ids,
+            episode_ids=_segments(batch),
         )
 
     def update(self, batch: Batch) -> dict[str, float]:
         c = self.config
+        remaining = c.progress_remaining(self.updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = c.lr * remaining
+        clip = max(c.clip_coef * remaining, 1e-8)
         advantages, returns = self.advantages(batch)
         x = observations_tensor(self.policy.observation_space, batch.observations)
         actions = actions_tensor(self.policy.action_space, batch.actions)
         fresh = torch.as_tensor(self.fresh(batch), dtype=torch.float32)
-        behaviour = torch.nan_to_num(column(batch.action_logps))
+        with torch.no_grad():
+            proximal, _ = self.policy.log_prob_entropy(x, actions)
+        behaviour = torch.nan_to_num(column(batch.action_logps))  # NaN rows are not fresh
+        # decoupled PPO's behaviour correction pi_prox / mu, truncated (see the module docstring)
+        rho = (proximal - behaviour).exp().clamp(max=c.rho_bar) * fresh
         adv, ret = column(advantages), column(returns)
         size = max(1, len(batch) // c.num_minibatches)
+        columns = (x, actions, proximal, adv, ret, fresh, rho)
         sums: dict[str, float] = {}
-        for _ in range(c.update_epochs):
+        for epoch in range(c.update_epochs):
+            last = epoch == c.update_epochs - 1  # metrics of the last pass only: they cost
+            if size >= len(batch):  # one minibatch: its order does not matter
+                self._minibatch(columns, clip, sums if last else None)
+                continue
             order = torch.as_tensor(self.rng.permutation(len(batch)))
             for start in range(0, len(batch), size):
                 rows = order[start : start + size]
-                m = self._minibatch(x[rows], actions[rows], behaviour[rows], adv[rows],
-                                    ret[rows], fresh[rows])  # fmt: skip
-                for key, value in m.items():
-                    sums[key] = sums.get(key, 0.0) + value
+                parts = tuple(column[rows] for column in columns)
+                self._minibatch(parts, clip, sums if last else None)
         self.updates += 1
-        steps = c.update_epochs * -(-len(batch) // size)
+        steps = -(-len(batch) // size)
         metrics = {key: value / steps for key, value in sums.items()}
-        return {**metrics, "fresh_fraction": fresh.mean().item()}
+        versions = np.asarray(batch.policy_versions, np.float64)
+        lags = self.version - versions[versions >= 0]  # -1: acted before any checkpoint
+        return {**metrics, "fresh_fraction": fresh.mean().item(),
+                "rho": (rho.sum() / fresh.sum().clamp(min=1.0)).item(),
+                "policy_lag": float(lags.mean()) if len(lags) else 0.0}  # fmt: skip
 
     def _minibatch(
-        self,
-        x: torch.Tensor,
-        actions: torch.Tensor,
-        behaviour: torch.Tensor,
-        adv: torch.Tensor,
-        ret: torch.Tensor,
-        fresh: torch.Tensor,
-    ) -> dict[str, float]:
-        """One gradient step on the losses of PPO's eq. 9, read in the paper's order."""
+        self, columns: tuple[torch.Tensor, ...], clip: float, sums: dict[str, float] | None
+    ) -> None:
+        """One gradient step on the losses of PPO's eq. 9, read in the paper's order; its
+        metrics are added to ``sums`` when given."""
         c = self.config
+        x, actions, proximal, adv, ret, fresh, rho = columns
         logp, entropy = self.policy.log_prob_entropy(x, actions)
-        log_ratio = logp - behaviour
+        log_ratio = logp - proximal
         ratio = log_ratio.exp()
         if c.norm_adv and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         count = fresh.sum().clamp(min=1.0)
-        # clipped surrogate (eq. 7), over fresh rows only
-        surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef))
-        policy_loss = (surrogate * fresh).sum() / count
+        # clipped surrogate (eq. 7) around the proximal policy, behaviour-corrected by rho
+        surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))
+        policy_loss = (surrogate * rho).sum() / count
         value_loss = 0.5 * (self.value(x).squeeze(-1) - ret).pow(2).mean()
         entropy_loss = (entropy * fresh).sum() / count
         loss = policy_loss - c.ent_coef * entropy_loss + c.vf_coef * value_loss
         self.optimizer.zero_grad()
         loss.backward()
-        parameters = [*self.policy.parameters(), *self.value.parameters()]
-        torch.nn.utils.clip_grad_norm_(parameters, c.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(self.trainable, c.max_grad_norm, foreach=True)
         self.optimizer.step()
+        if sums is None:
+            return
         with torch.no_grad():
-            approx_kl = ((((ratio - 1) - log_ratio) * fresh).sum() / count).item()
-            clipfrac = ((((ratio - 1).abs() > c.clip_coef).float() * fresh).sum() / count).item()
-        return {"loss": loss.item(), "policy_loss": policy_loss.item(),
-                "value_loss": value_loss.item(), "entropy": entropy_loss.item(),
-                "approx_kl": approx_kl, "clipfrac": clipfrac}  # fmt: skip
+            approx_kl = (((ratio - 1) - log_ratio) * fresh).sum() / count
+            clipfrac = (((ratio - 1).abs() > clip).float() * fresh).sum() / count
+        values = {"loss": loss, "policy_loss": policy_loss, "value_loss": value_loss,
+                  "entropy": entropy_loss, "approx_kl": approx_kl,
+                  "clipfrac": clipfrac}  # fmt: skip
+        for key, value in values.items():
+            sums[key] = sums.get(key, 0.0) + value.item()
 
     def checkpoint(self, version: int) -> Checkpoint:
         """The policy (``pi.*``, ``log_std``) with ``vf.*``; rows are now judged against it."""
@@ -212,3 +253,27 @@ class PPO:
         state.load_optimizer("optimizer", self.optimizer, arrays)
         self.version = int(arrays["version"])
         self.updates = int(arrays["updates"])
+
+
+def _segments(batch: Batch) -> np.ndarray | None:
+    """A label per row that changes wherever the rows stop being one episode's consecutive steps:
+    a new ``episode_id``, or a gap or jump in ``t`` (fragments of one episode that arrived apart).
+    GAE restarts, and bootstraps, at each change."""
+    if batch.episode_ids is None or batch.ts is None:
+        return batch.episode_ids
+    ids, ts = np.asarray(batch.episode_ids), np.asarray(batch.ts, np.int64)
+    breaks = np.ones(len(ids), bool)
+    breaks[1:] = (ids[1:] != ids[:-1]) | (ts[1:] != ts[:-1] + 1)
+    return np.cumsum(breaks)
+
+
+@torch.no_grad()
+def _orthogonal(network: MLP, output_gain: float) -> None:
+    """Orthogonal weights, zero biases; the policy's output layer 100x smaller, so the first
+    policy is near uniform (Andrychowicz et al. 2021, "What matters in on-policy RL", C57;
+    CleanRL's ``layer_init``, SB3's ``ortho_init``)."""
+    layers = [cast(torch.nn.Linear, layer) for layer in network.layers]
+    for layer in layers:
+        gain = output_gain if layer is layers[-1] else float(np.sqrt(2))
+        torch.nn.init.orthogonal_(layer.weight, gain)
+        torch.nn.init.zeros_(layer.bias)

@@ -95,10 +95,11 @@ class SAC:
         self.q1_target, self.q2_target = copy.deepcopy(self.q1), copy.deepcopy(self.q2)
         self.log_alpha = torch.nn.Parameter(torch.tensor(float(np.log(c.alpha))))
         self.target_entropy = -act_dim if c.target_entropy is None else c.target_entropy
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=c.lr)
+        # fused: one kernel per optimizer step instead of a loop over the parameters
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=c.lr, fused=True)
         critics = [*self.q1.parameters(), *self.q2.parameters()]
-        self.critic_optimizer = torch.optim.Adam(critics, lr=c.lr)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=c.lr)
+        self.critic_optimizer = torch.optim.Adam(critics, lr=c.lr, fused=True)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=c.lr, fused=True)
         self.updates = 0
 
     def tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
