@@ -36,12 +36,10 @@ import contextlib
 import io
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline import DatasetWriter
 from pipeline.cli import main as rlpipe
+from server import process as serve
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHOR = ROOT.parent / "shared" / "anchor-data" / "rllib-test-data"
@@ -162,21 +161,8 @@ def client(address: str, env_id: str, seed: int, spool: Path, rate: float) -> No
 
 
 def _serve(data: Path, env_id: str) -> tuple[subprocess.Popen[str], str]:
-    """``rlpipe serve`` on a free port; its address is the first URL it prints."""
-    command = [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data),
-               "--env", env_id, "--port", "0", "--commit-age", COMMIT_AGE_S,
-               "--policy-poll", "0.1"]  # fmt: skip
-    server = subprocess.Popen(command, text=True, env=ENV, cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    if server.stdout is None:
-        raise SystemExit("rlpipe serve has no output to read its address from")
-    for line in server.stdout:
-        found = re.search(r"http://[\d.]+:\d+", line)
-        if found:
-            # keep reading its log, so a full pipe never blocks the server
-            threading.Thread(target=server.stdout.read, daemon=True).start()
-            return server, found.group(0)
-    raise SystemExit(f"rlpipe serve exited ({server.wait()}) before listening")
+    return serve.start(["--data", str(data), "--env", env_id, "--commit-age", COMMIT_AGE_S,
+                        "--policy-poll", "0.1"], env=ENV, cwd=ROOT)  # fmt: skip
 
 
 def _stop(processes: list[subprocess.Popen[Any]], timeout: float) -> None:

@@ -32,6 +32,8 @@ from typing import IO
 import pandas as pd
 import requests
 
+from server import process as serve
+
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = (("local", 1), ("local", 2), ("remote", 3), ("remote", 4))
 SOLVED = 475.0
@@ -42,23 +44,12 @@ PPO_OPTIONS = ("--batch-size", "256", "--lr", "1e-3", "--gamma", "0.98", "--gae-
 RETURN_LINE = re.compile(r"^episode \S+: total reward (?P<reward>[-\d.]+)")
 
 
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+
 def _rlpipe(*args: str, **options: object) -> subprocess.Popen[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     command = [sys.executable, "-m", "pipeline.cli", *args]
-    return subprocess.Popen(command, text=True, env=env, cwd=ROOT, **options)  # type: ignore[call-overload]
-
-
-def _address(server: subprocess.Popen[str]) -> str:
-    """The server prints its address once it listens (it was asked for any free port)."""
-    if server.stdout is None:
-        raise SystemExit("rlpipe serve has no output to read its address from")
-    for line in server.stdout:
-        found = re.search(r"http://[\d.]+:\d+", line)
-        if found:
-            # keep reading its log, so a full pipe never blocks the server
-            threading.Thread(target=server.stdout.read, daemon=True).start()
-            return found.group(0)
-    raise SystemExit("rlpipe serve exited before listening")
+    return subprocess.Popen(command, text=True, env=ENV, cwd=ROOT, **options)  # type: ignore[call-overload]
 
 
 def _follow_returns(stream: IO[str], returns: collections.deque[float], counts: list[int]) -> None:
@@ -87,10 +78,8 @@ def _progress(
 def play(out: Path, budget: float) -> tuple[str, bool]:
     """Serve, train and play until PPO stops (solved) or ``budget`` seconds pass."""
     data, run = out / "data", out / "run"
-    server = _rlpipe("serve", "--data", str(data), "--env", "CartPole-v1", "--port", "0",
-                     "--commit-age", "0.25",
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    address = _address(server)
+    server, address = serve.start(["--data", str(data), "--env", "CartPole-v1",
+                                   "--commit-age", "0.25"], env=ENV, cwd=ROOT)  # fmt: skip
     port = address.rsplit(":", 1)[1]
     print(f"rlpipe serve on {address}, writing {data}")
     with (out / "train.log").open("w") as log:

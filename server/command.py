@@ -105,7 +105,11 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     if args.env is not None:
         import gymnasium as gym
 
-        env = gym.make(args.env)
+        try:
+            env = gym.make(args.env)
+        except gym.error.Error as error:  # an unknown id, version or namespace
+            raise ConfigError("serve", "--env", "a registered gymnasium id",
+                              f"{args.env} ({error})") from None  # fmt: skip
         observation_space, action_space = env.observation_space, env.action_space
         env.close()
     elif args.spaces is not None:

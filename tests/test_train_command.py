@@ -58,6 +58,10 @@ def test_train_bc_offline_checkpoints_to_the_run_dir_and_resumes(tmp_path: Path)
         (["ppo"], "train.algorithm: expected --follow, or one of ('sac', 'bc', 'marwil', 'cql')"),
         (["marwil", "--follow"], "train.follow: expected an online algorithm"),
         (["bc", "--batch-size", "0"], "train.batch_size: expected an integer >= 1, got 0"),
+        (
+            ["bc", "--env", "NoSuchEnv-v0"],
+            'train.env: expected a registered gymnasium id, got "NoSuchEnv-v0 (Environment',
+        ),
     ],
 )
 def test_train_errors_are_one_line(

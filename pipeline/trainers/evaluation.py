@@ -23,19 +23,10 @@ def evaluate(checkpoint: Checkpoint, env_id: str, episodes: int = 5, seed: int =
             observation, _ = env.reset(seed=seed + episode)
             ended = False
             while not ended:
-                actions, _ = policy.act(_one(observation), rng, explore=False)
-                observation, reward, terminated, truncated, _ = env.step(actions[0])
+                action, _ = policy.act_one(observation, rng, explore=False)
+                observation, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 ended = terminated or truncated
     finally:
         env.close()
     return total / episodes
-
-
-def _one(observation: object) -> object:
-    """A single observation as a batch of one, through Dict and Tuple observations."""
-    if isinstance(observation, dict):
-        return {key: _one(value) for key, value in observation.items()}
-    if isinstance(observation, tuple):
-        return tuple(_one(value) for value in observation)
-    return np.asarray(observation)[None]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from pipeline import policy
@@ -83,6 +84,12 @@ class LoopSettings:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError("train", name, "a number > 0", value)
+        if self.env_id is not None:
+            try:  # fail now, not at the first evaluation minutes into a run
+                gym.spec(self.env_id)
+            except gym.error.Error as error:
+                raise ConfigError("train", "env", "a registered gymnasium id",
+                                  f"{self.env_id} ({error})") from None  # fmt: skip
 
 
 class _Run:
