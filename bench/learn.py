@@ -80,6 +80,11 @@ def rllib_dataset(source: Path, path: Path, env_id: str, limit: int) -> Path:
 
     discrete = isinstance(env.action_space, gym.spaces.Discrete)
     actions = table["actions"].to_numpy() if discrete else stack("actions", env.action_space)
+    if not discrete:
+        # RLlib recorded Box actions normalized to [-1, 1] (its actions_in_input_normalized):
+        # Pendulum's dynamics on obs -> new_obs show the torque applied was 2x the logged value
+        low, high = env.action_space.low, env.action_space.high
+        actions = np.clip(low + (actions + 1.0) * (high - low) / 2.0, low, high).astype(np.float32)
     with DatasetWriter(path, env.observation_space, env.action_space, env_id=env_id) as writer:
         writer.append(
             {

@@ -6,73 +6,136 @@ the Bellman error, pushing down Q everywhere and back up on the logged actions.
 
 - Discrete actions: one Q-network with a Polyak-averaged target (double-DQN target); the
   logsumexp is exact. The exported policy is categorical over the Q-values (greedy = argmax Q).
-- Box actions: a :class:`~pipeline.trainers.sac.SAC` learner plus the penalty, the logsumexp
-  estimated by importance sampling over uniform actions and the actor's actions at ``s`` and
-  ``s'`` (Kumar et al. 2020, appendix F; as in CORL's ``cql.py``).
+- Box actions: CQL over SAC, as in the paper's code: twin critics with Polyak targets, a
+  squashed-Gaussian actor and a learned temperature. The logsumexp is estimated by importance
+  sampling over uniform actions and the actor's actions at ``s`` and ``s'`` (appendix F; as in
+  CORL's ``cql.py``). The actor clones the data for its first ``bc_iters`` updates, while the
+  critics are still untrained (RLlib's ``bc_iters``).
+
+Box updates are sized for a CPU: the twin critics are one batched network (one matmul per layer
+for both), the actor runs once per row and its ``num_actions`` samples share that output, and the
+data's actions and every sampled one go through the critics in a single pass.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
 from pipeline import flattening
 from pipeline.batch import Batch
+from pipeline.errors import ConfigError
 from pipeline.policy import Checkpoint, ModelSpec
 from pipeline.trainers import state, validation
 from pipeline.trainers.networks import (
     MLP,
     actions_tensor,
+    box_bounds,
     check_action_space,
     column,
     export,
     observations_tensor,
+    squashed_logp,
+    squashed_sample,
 )
-from pipeline.trainers.sac import SAC, SACConfig
 
 
 @dataclass(frozen=True)
 class CQLConfig:
     """Attributes:
-    lr: Adam step size.
+    lr: Adam step size of the Q-network(s) and of the temperature.
+    policy_lr: Adam step size of the actor (Box actions).
     gamma: discount.
     tau: Polyak step of the target network(s).
-    cql_alpha: weight of the conservative penalty (the paper's alpha).
-    num_actions: sampled actions per kind for the Box logsumexp estimate.
+    cql_alpha: weight of the conservative penalty (the paper's alpha; RLlib's min_q_weight).
+        None: 1.0 for Discrete actions (the paper's Atari setting), 20.0 for Box ones, where
+        logged actions often spread over the whole range (RLlib's recorded Pendulum is a noisy
+        SAC's) and a weaker penalty lets the actor chase the critics' errors.
+    num_actions: sampled actions per kind for the Box logsumexp estimate (the paper's code and
+        RLlib take 10; the critics' pass grows with it, and 4 per kind do for small actions).
     bc_iters: Box actions: updates in which the actor clones the data before it follows Q.
-    alpha: SAC's initial entropy temperature (Box actions).
+    alpha: initial entropy temperature of the actor (Box actions; RLlib's initial_alpha).
+    target_entropy: the temperature's target (default: minus the action dimension).
     hidden, activation: network shape.
     seed: seeds initial weights and sampling.
+
+    The defaults are sized for a CPU and tuned on RLlib's recorded Pendulum (``bench/learn.py``):
+    small networks and a critic step above the actor's (lr 1e-3, policy_lr 3e-4) reach the
+    data's return within some 4,000-6,000 updates of 256 rows.
     """
 
-    lr: float = 3e-4
+    lr: float = 1e-3
+    policy_lr: float = 3e-4
     gamma: float = 0.99
     tau: float = 0.005
-    cql_alpha: float = 1.0
-    num_actions: int = 10
-    bc_iters: int = 0
-    alpha: float = 0.2
-    hidden: tuple[int, ...] = (256, 256)
+    cql_alpha: float | None = None
+    num_actions: int = 4
+    bc_iters: int = 500
+    alpha: float = 1.0
+    target_entropy: float | None = None
+    hidden: tuple[int, ...] = (64, 64)
     activation: str = "relu"
     seed: int = 0
 
     def __post_init__(self) -> None:
-        validation.positive(self, "lr", "alpha")
-        validation.non_negative(self, "cql_alpha", "bc_iters")
+        validation.positive(self, "lr", "policy_lr", "alpha")
+        validation.non_negative(self, "bc_iters")
+        if self.cql_alpha is not None:
+            validation.non_negative(self, "cql_alpha")
         validation.unit_interval(self, "gamma", "tau")
         validation.counts(self, "num_actions")
         validation.network(self)
+        entropy = self.target_entropy
+        if isinstance(entropy, bool) or not isinstance(entropy, int | float | None):
+            raise ConfigError("CQLConfig", "target_entropy", "a number or None", entropy)
+
+
+class TwinQ(nn.Module):
+    """``count`` Q-networks over (observation, action) rows, evaluated together: each layer is
+    one batched matmul for all of them."""
+
+    def __init__(self, in_dim: int, hidden: tuple[int, ...], activation: str, count: int = 2):
+        super().__init__()
+        widths = (in_dim, *hidden, 1)
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in itertools.pairwise(widths):
+            bound = 1 / math.sqrt(fan_in)  # nn.Linear's initialization
+            weight = torch.empty(count, fan_in, fan_out).uniform_(-bound, bound)
+            self.weights.append(nn.Parameter(weight))
+            self.biases.append(nn.Parameter(torch.empty(count, 1, fan_out).uniform_(-bound, bound)))
+        self.activation = torch.tanh if activation == "tanh" else torch.relu
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """Q of each critic for observations and actions of any leading shape: (count, *shape)."""
+        xa = torch.cat([x, a], dim=-1)
+        h = xa.reshape(1, -1, xa.shape[-1]).expand(len(self.weights[0]), -1, -1)
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = torch.baddbmm(bias, h, weight)
+            if i < len(self.weights) - 1:
+                h = self.activation(h)
+        return h.reshape(-1, *xa.shape[:-1])
+
+    def export(self, prefix: str, index: int) -> dict[str, np.ndarray]:
+        """Critic ``index`` in :class:`~pipeline.trainers.networks.MLP`'s checkpoint layout."""
+        arrays = {}
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            arrays[f"{prefix}.{i}.weight"] = weight[index].detach().T.numpy().copy()
+            arrays[f"{prefix}.{i}.bias"] = bias[index, 0].detach().numpy().copy()
+        return arrays
 
 
 class CQL:
-    """``update(batch)`` takes transitions; Discrete actions use a Q-network, Box ones SAC."""
+    """``update(batch)`` takes transitions: observations, actions, rewards, next_observations,
+    terminateds. Discrete actions use a Q-network, Box ones an actor and twin critics."""
 
     algorithm = "cql"
 
@@ -87,16 +150,24 @@ class CQL:
         torch.manual_seed(c.seed)
         self.observation_space, self.action_space = observation_space, action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        default_alpha = 1.0 if self.discrete else 20.0
+        self.cql_alpha = default_alpha if c.cql_alpha is None else c.cql_alpha
         self.updates = 0
+        obs_dim, act_dim = flattening.flatdim(observation_space), flattening.flatdim(action_space)
         if self.discrete:
-            n = flattening.flatdim(action_space)
-            self.q = MLP(flattening.flatdim(observation_space), c.hidden, n, c.activation)
+            self.q = MLP(obs_dim, c.hidden, act_dim, c.activation)
             self.q_target = copy.deepcopy(self.q)
             self.optimizer = torch.optim.Adam(self.q.parameters(), lr=c.lr)
-        else:
-            sac = SACConfig(lr=c.lr, gamma=c.gamma, tau=c.tau, alpha=c.alpha, hidden=c.hidden,
-                            activation=c.activation, seed=c.seed)  # fmt: skip
-            self.sac = SAC(observation_space, action_space, sac)
+            return
+        self.low, self.high = box_bounds(cast(gym.spaces.Box, action_space))
+        self.actor = MLP(obs_dim, c.hidden, 2 * act_dim, c.activation)
+        self.critics = TwinQ(obs_dim + act_dim, c.hidden, c.activation)
+        self.critics_target = copy.deepcopy(self.critics)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(c.alpha)))
+        self.target_entropy = -act_dim if c.target_entropy is None else c.target_entropy
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=c.policy_lr)
+        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=c.lr)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=c.lr)
 
     def update(self, batch: Batch) -> dict[str, float]:
         metrics = self._update_discrete(batch) if self.discrete else self._update_box(batch)
@@ -116,7 +187,7 @@ class CQL:
         q_data = q_all.gather(1, a.unsqueeze(1)).squeeze(-1)
         td_loss = 0.5 * (q_data - target).pow(2).mean()
         penalty = (torch.logsumexp(q_all, dim=-1) - q_data).mean()  # CQL(H), eq. 4
-        loss = td_loss + c.cql_alpha * penalty
+        loss = td_loss + self.cql_alpha * penalty
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
@@ -125,83 +196,110 @@ class CQL:
                 "q": q_data.mean().item()}  # fmt: skip
 
     def _update_box(self, batch: Batch) -> dict[str, float]:
-        sac = self.sac
-        t = sac.tensors(batch)
-        td_loss, q_data = sac.critic_loss(t)
-        penalty = self._box_penalty(t["x"], t["x2"], t["a"])
-        loss = td_loss + self.config.cql_alpha * penalty
-        sac.critic_optimizer.zero_grad()
-        loss.backward()
-        sac.critic_optimizer.step()
-        imitate = t["a"] if self.updates < self.config.bc_iters else None
-        metrics = sac.actor_alpha_step(t["x"], imitate)
-        sac.soft_update()
-        sac.updates += 1
-        return {"loss": loss.item(), "td_loss": td_loss.item(), "cql_penalty": penalty.item(),
-                "q": q_data.mean().item(), **metrics}  # fmt: skip
-
-    def _box_penalty(self, x: torch.Tensor, x2: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """logsumexp_a Q(s, a) by importance sampling, minus Q of the data (appendix F)."""
-        sac, n, rows = self.sac, self.config.num_actions, len(x)
-        low, high = sac.low, sac.high
-        repeated = x.repeat_interleave(n, dim=0)
+        c, n = self.config, self.config.num_actions
+        x = observations_tensor(self.observation_space, batch.observations)
+        a = actions_tensor(self.action_space, batch.actions)
+        x2 = observations_tensor(self.observation_space, batch.next_observations)
+        rows = len(x)
         with torch.no_grad():
-            uniform = low + (high - low) * torch.rand(rows * n, len(low))
-            pi_now, logp_now = sac.sample(repeated)
-            pi_next, logp_next = sac.sample(x2.repeat_interleave(n, dim=0))
-        log_uniform = -torch.log(high - low).sum()
-        parts = []
-        for actions, log_density in (
-            (uniform, log_uniform.expand(rows * n)),
-            (pi_now, logp_now),
-            (pi_next, logp_next),
-        ):
-            xa = torch.cat([repeated, actions], dim=-1)
-            for q in (sac.q1, sac.q2):
-                parts.append((q(xa).squeeze(-1) - log_density).view(rows, n))
-        penalty = 0.0 * x.sum()
-        for index, q in enumerate((sac.q1, sac.q2)):
-            q_all = torch.cat(parts[index::2], dim=1)
-            q_data = q(torch.cat([x, a], dim=-1)).squeeze(-1)
-            penalty = penalty + (torch.logsumexp(q_all, dim=1) - math.log(3 * n) - q_data).mean()
-        return penalty
+            pi_now, logp_now = self._sample(x, n)
+            pi_next, logp_next = self._sample(x2, n)
+            # deterministic backup, no entropy bonus: the CQL paper's code and RLlib's default
+            following = self.critics_target(x2, pi_next[:, 0]).min(0).values
+            target = column(batch.rewards) + c.gamma * (1 - column(batch.terminateds)) * following
+        # one critic pass over the data's action and 3n sampled ones, all at s (appendix F)
+        uniform = self.low + (self.high - self.low) * torch.rand(rows, n, len(self.low))
+        actions = torch.cat([a.unsqueeze(1), uniform, pi_now, pi_next], dim=1)
+        q = self.critics(x.unsqueeze(1).expand(-1, 1 + 3 * n, -1), actions)
+        q_data = q[..., 0]  # (critic, row)
+        td_loss = 0.5 * (q_data - target).pow(2).mean(1).sum()
+        log_uniform = -torch.log(self.high - self.low).sum().expand(rows, n)
+        log_density = torch.cat([log_uniform, logp_now, logp_next], dim=1)
+        # CQL(H), eq. 4: logsumexp by importance sampling, q / density averaged over 3n draws
+        logsumexp = torch.logsumexp(q[..., 1:] - log_density, dim=-1) - math.log(3 * n)
+        penalty = (logsumexp - q_data).mean(1).sum()
+        loss = td_loss + self.cql_alpha * penalty
+        self.critic_optimizer.zero_grad()
+        loss.backward()
+        self.critic_optimizer.step()
+        metrics = self._actor_alpha_step(x, a)
+        _polyak(self.critics, self.critics_target, c.tau)
+        return {"loss": loss.item(), "td_loss": td_loss.item(), "cql_penalty": penalty.item(),
+                "q": q_data[0].mean().item(), **metrics}  # fmt: skip
+
+    def _sample(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` actions per row (rows, n, act_dim) and their log-densities, one actor pass."""
+        out = self.actor(x).unsqueeze(1).expand(-1, n, -1)
+        return squashed_sample(out, self.low, self.high)
+
+    def _actor_alpha_step(self, x: torch.Tensor, a: torch.Tensor) -> dict[str, float]:
+        """SAC's actor step (eq. 7), or behaviour cloning for the first ``bc_iters`` updates,
+        then the temperature step (eq. 18)."""
+        alpha = self.log_alpha.exp().detach()
+        out = self.actor(x)
+        actions, logp = squashed_sample(out, self.low, self.high)
+        if self.updates < self.config.bc_iters:
+            objective = squashed_logp(out, a, self.low, self.high)
+        else:
+            objective = self.critics(x, actions).min(0).values
+        actor_loss = (alpha * logp - objective).mean()
+        self.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        self.actor_optimizer.step()
+        alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+        self.alpha_optimizer.zero_grad()
+        alpha_loss.backward()
+        self.alpha_optimizer.step()
+        return {"actor_loss": actor_loss.item(), "alpha": alpha.item(),
+                "entropy": -logp.mean().item()}  # fmt: skip
 
     def checkpoint(self, version: int) -> Checkpoint:
-        if not self.discrete:
-            checkpoint = self.sac.checkpoint(version)
-            spec = dataclasses.replace(checkpoint.spec, algorithm=self.algorithm)
-            return Checkpoint(version, spec, checkpoint.weights)
+        """Box: the actor as a squashed-Gaussian policy, the critics riding along as ``q1.*`` and
+        ``q2.*``. Discrete: the Q-network as the logits of a categorical policy."""
         spec = ModelSpec(
             self.observation_space,
             self.action_space,
             hidden=self.config.hidden,
             activation=self.config.activation,
-            distribution="categorical",
+            distribution="categorical" if self.discrete else "squashed_gaussian",
             algorithm=self.algorithm,
         )
-        return Checkpoint(version, spec, export("pi", self.q))
+        if self.discrete:
+            return Checkpoint(version, spec, export("pi", self.q))
+        weights = {**export("pi", self.actor), **self.critics.export("q1", 0),
+                   **self.critics.export("q2", 1)}  # fmt: skip
+        return Checkpoint(version, spec, weights)
 
     def state_dict(self) -> dict[str, np.ndarray]:
+        arrays = {"updates": np.asarray(self.updates)}
         if not self.discrete:
-            return {**self.sac.state_dict(), "updates": np.asarray(self.updates)}
-        return {
-            **state.module_arrays("q", self.q),
-            **state.module_arrays("q_target", self.q_target),
-            **state.optimizer_arrays("optimizer", self.optimizer),
-            "updates": np.asarray(self.updates),
-        }
+            arrays["log_alpha"] = self.log_alpha.detach().numpy().copy()
+        for name in self._modules():
+            arrays.update(state.module_arrays(name, getattr(self, name)))
+        for name in self._optimizers():
+            arrays.update(state.optimizer_arrays(name, getattr(self, name)))
+        return arrays
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+        for name in self._modules():
+            state.load_module(name, getattr(self, name), arrays)
+        for name in self._optimizers():
+            state.load_optimizer(name, getattr(self, name), arrays)
         if not self.discrete:
-            self.sac.load_state_dict(arrays)
-        else:
-            state.load_module("q", self.q, arrays)
-            state.load_module("q_target", self.q_target, arrays)
-            state.load_optimizer("optimizer", self.optimizer, arrays)
+            with torch.no_grad():
+                self.log_alpha.copy_(torch.as_tensor(arrays["log_alpha"]))
         self.updates = int(arrays["updates"])
+
+    def _modules(self) -> tuple[str, ...]:
+        return ("q", "q_target") if self.discrete else ("actor", "critics", "critics_target")
+
+    def _optimizers(self) -> tuple[str, ...]:
+        if self.discrete:
+            return ("optimizer",)
+        return ("actor_optimizer", "critic_optimizer", "alpha_optimizer")
 
 
 @torch.no_grad()
-def _polyak(net: torch.nn.Module, target: torch.nn.Module, tau: float) -> None:
+def _polyak(net: nn.Module, target: nn.Module, tau: float) -> None:
     for p, p_target in zip(net.parameters(), target.parameters(), strict=True):
         p_target.mul_(1 - tau).add_(tau * p)
