@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline import DatasetWriter
 from pipeline.cli import main as rlpipe
+from pipeline.importers.transitions import denormalize
 from server import process as serve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,8 +84,7 @@ def rllib_dataset(source: Path, path: Path, env_id: str, limit: int) -> Path:
     if not discrete:
         # RLlib recorded Box actions normalized to [-1, 1] (its actions_in_input_normalized):
         # Pendulum's dynamics on obs -> new_obs show the torque applied was 2x the logged value
-        low, high = env.action_space.low, env.action_space.high
-        actions = np.clip(low + (actions + 1.0) * (high - low) / 2.0, low, high).astype(np.float32)
+        actions = denormalize(actions, env.action_space)
     with DatasetWriter(path, env.observation_space, env.action_space, env_id=env_id) as writer:
         writer.append(
             {

@@ -280,3 +280,31 @@ def test_import_never_appends_to_an_existing_dataset(
                                "dones": [True]}) + "\n")  # fmt: skip
     assert main(["import", "rllib-json", str(src), str(path)]) == 2
     assert "already holds a dataset; import into a new directory" in capsys.readouterr().err
+
+
+@needs_anchor
+def test_normalized_actions_are_stored_as_the_torque_the_env_applied(tmp_path: Path) -> None:
+    """RLlib logged Pendulum's actions in [-1, 1]; Pendulum's own dynamics on each row's
+    observation -> next_observation give the torque applied, which the import must store."""
+    src = str(ANCHOR / "pendulum/pendulum-v1_enormous")
+    for flag, scale in (["--actions-normalized"], 1.0), ([], 0.5):
+        out = tmp_path / f"ds{len(flag)}"
+        assert main(["import", "rllib-parquet", src, str(out), "--env", "Pendulum-v1", *flag]) == 0
+        batch = next(iter(InputReader(out, batch_size=100_000)))
+        _, sin, speed = batch.observations.T
+        next_speed = batch.next_observations[:, 2]
+        free = np.abs(next_speed) < 7.99  # not clipped at Pendulum's max speed
+        # thdot' = thdot + (3 g / (2 l) sin(th) + 3 / (m l^2) u) dt, with g=10, l=m=1, dt=0.05
+        torque = ((next_speed - speed) / 0.05 - 15.0 * sin) / 3.0
+        assert free.sum() > 1000
+        np.testing.assert_allclose(batch.actions[free, 0], scale * torque[free], atol=2e-3)
+
+
+def test_normalized_actions_need_a_bounded_box(tmp_path: Path) -> None:
+    from pipeline.errors import ConfigError
+    from pipeline.importers.transitions import write_dataset
+
+    with pytest.raises(ConfigError, match="expected a Box action space with finite bounds"):
+        write_dataset(steps(["a", "a"], dones=[False, True]), tmp_path / "ds",
+                      env_id="CartPole-v1", actions_normalized=True)  # fmt: skip
+    assert not (tmp_path / "ds").exists()

@@ -41,6 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the time limit the data was recorded under, when it is not the env's registered one "
         "(an episode ending with `done` at this length is truncated, not terminated)",
     )
+    parser.add_argument(
+        "--actions-normalized",
+        action="store_true",
+        help="the source logged Box actions scaled to [-1, 1] (RLlib's "
+        "actions_in_input_normalized, as in its recorded Pendulum data): store them in the "
+        "action space's units",
+    )
     parser.set_defaults(command_module=__name__)
 
 
@@ -65,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         max_episode_steps=args.max_episode_steps,
         observation_space=observation_space,
         action_space=action_space,
+        actions_normalized=args.actions_normalized,
     )
     print(summary.describe())
     return 0

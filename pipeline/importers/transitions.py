@@ -12,6 +12,7 @@ because nothing says the env ended it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import layout
-from pipeline.errors import DatasetError
+from pipeline.errors import ConfigError, DatasetError
 from pipeline.writer import DatasetWriter
 
 _CHUNK_ROWS = 65_536
@@ -145,11 +146,14 @@ def write_dataset(
     max_episode_steps: int | None = None,
     observation_space: gym.Space[Any] | None = None,
     action_space: gym.Space[Any] | None = None,
+    actions_normalized: bool = False,
 ) -> ImportSummary:
     """Write ``steps`` as a new dataset at ``path``, with one episodes-table row per episode.
 
     Spaces come from the arguments, else from ``env_id``, else from the data. The time limit
-    comes from ``max_episode_steps``, else from the env's registration.
+    comes from ``max_episode_steps``, else from the env's registration. ``actions_normalized``
+    says the source logged Box actions scaled to [-1, 1] (RLlib's ``actions_in_input_normalized``
+    recordings); they are stored in the action space's own units, as the env applied them.
 
     Raises:
         DatasetError: when ``path`` already holds a dataset (an import never appends).
@@ -163,6 +167,8 @@ def write_dataset(
         observation_space, action_space = (
             env_spaces(env_id) if env_id is not None else infer_spaces(steps)
         )
+    if actions_normalized:
+        steps = dataclasses.replace(steps, actions=denormalize(steps.actions, action_space))
     limit = max_episode_steps if max_episode_steps is not None else time_limit(env_id)
     episodes = split_episodes(steps, limit)
     returns = _returns(steps.rewards[episodes.order], episodes)
@@ -180,6 +186,22 @@ def write_dataset(
         truncated=len(last) - terminated,
         returns=tuple(returns),
     )
+
+
+def denormalize(actions: np.ndarray, space: gym.Space[Any]) -> np.ndarray:
+    """Actions logged in [-1, 1] mapped linearly onto a bounded Box (and clipped into it).
+
+    Raises:
+        ConfigError: when the action space is not a Box with finite bounds.
+    """
+    if not isinstance(space, gym.spaces.Box) or not (
+        np.isfinite(space.low).all() and np.isfinite(space.high).all()
+    ):
+        raise ConfigError("import", "actions_normalized", "a Box action space with finite bounds",
+                          str(space))  # fmt: skip
+    low, high = space.low, space.high
+    scaled = low + (np.asarray(actions, np.float64) + 1.0) * (high - low) / 2.0
+    return np.clip(scaled, low, high).astype(space.dtype)
 
 
 def split_episodes(steps: SourceSteps, max_episode_steps: int | None) -> _Episodes:
