@@ -313,13 +313,12 @@ class InputReader:
                 rows += chunk.num_rows
             if rows < capacity and (chunk is not None or not rows):
                 continue
-            permuted = pa.Table.from_batches(pending).take(rng.permutation(rows))
+            permuted = _permute(pending, rng)
             keep = 0 if chunk is None else rows % size
             yield self._device(self._convert(permuted.slice(0, rows - keep)))
             pending, rows = (permuted.slice(rows - keep).to_batches(), keep)
         if rows:
-            permuted = pa.Table.from_batches(pending).take(rng.permutation(rows))
-            yield self._device(self._convert(permuted))
+            yield self._device(self._convert(_permute(pending, rng)))
 
     def _emit(self, block: Batch) -> Iterator[Batch]:
         size = self.config.batch_size
@@ -340,6 +339,20 @@ class InputReader:
                     yield self._device(episode)
         for episode in assembler.remaining():
             yield self._device(episode)
+
+
+def _permute(chunks: list[pa.RecordBatch], rng: np.random.Generator) -> pa.Table:
+    """The chunks' rows in a random order, by one Arrow ``take``; a column null in every row
+    (``action_logp`` of rows logged without a policy, say) is rebuilt rather than gathered."""
+    table = pa.Table.from_batches(chunks)
+    rows = table.num_rows
+    empty = [i for i, column in enumerate(table.columns) if column.null_count == rows]
+    order = rng.permutation(rows)
+    permuted = table.drop_columns([table.column_names[i] for i in empty]).take(order)
+    for i in empty:  # ascending, so each lands at its own index
+        field = table.schema.field(i)
+        permuted = permuted.add_column(i, field, pa.nulls(rows, field.type))
+    return permuted
 
 
 def build_filter(config: ReaderConfig) -> ds.Expression | None:

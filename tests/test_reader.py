@@ -18,6 +18,7 @@ import pytest
 from conftest import cartpole_rollout, cartpole_spaces
 
 from pipeline import (
+    Batch,
     ConfigError,
     DatasetError,
     DatasetWriter,
@@ -317,3 +318,11 @@ def test_missing_logp_and_version_read_as_nan_and_minus_one(tmp_path: Path) -> N
             7 if i % 3 == 0 else -1 for i in range(30)
         ]
         assert np.isnan(none).all() and (np.asarray(batches[1].policy_versions) == -1).all()
+    # shuffled through buffers that hold both shards, or only the one without a policy
+    for buffer in (40, 10):
+        rows = Batch.concat(InputReader(path, batch_size=7, shuffle=True, shuffle_buffer=buffer))
+        order = np.lexsort((rows.ts, rows.episode_ids))
+        expected = Batch.concat(InputReader(path, batch_size=40))
+        for name in ("observations", "actions", "rewards", "action_logps", "policy_versions"):
+            np.testing.assert_array_equal(getattr(rows, name)[order],
+                                          getattr(expected, name), err_msg=name)  # fmt: skip
