@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import requests
 from flask import Flask
 from werkzeug.serving import make_server
 
+from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
 from server.app import create_app
 from server.config import ServerConfig
 from server.service import Service
@@ -104,3 +106,17 @@ def kill(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     process.wait(timeout=20)
     if process.stderr is not None:
         process.stderr.close()
+
+
+def cartpole_checkpoint(directory: Path, version: int, seed: int = 0) -> Path:
+    """A small random CartPole policy (one hidden layer of 8) saved as ``version``."""
+    env = gym.make("CartPole-v1")
+    spec = ModelSpec(env.observation_space, env.action_space, hidden=(8,))
+    rng = np.random.default_rng(seed)
+    weights = {
+        "pi.0.weight": rng.standard_normal((8, 4)).astype(np.float32),
+        "pi.0.bias": np.zeros(8, np.float32),
+        "pi.1.weight": rng.standard_normal((2, 8)).astype(np.float32),
+        "pi.1.bias": np.zeros(2, np.float32),
+    }
+    return save_checkpoint(directory, Checkpoint(version, spec, weights))

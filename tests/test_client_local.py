@@ -6,28 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pandas as pd
 import pytest
-from server_fixtures import cartpole_config, running_server
+from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
 
 from pipeline.client import PolicyClient
 from pipeline.errors import SchemaError
-from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
-
-
-def _checkpoint(directory: Path) -> None:
-    env = gym.make("CartPole-v1")
-    spec = ModelSpec(env.observation_space, env.action_space, hidden=(8,))
-    rng = np.random.default_rng(1)
-    weights = {
-        "pi.0.weight": rng.standard_normal((8, 4)).astype(np.float32),
-        "pi.0.bias": np.zeros(8, np.float32),
-        "pi.1.weight": rng.standard_normal((2, 8)).astype(np.float32),
-        "pi.1.bias": np.zeros(2, np.float32),
-    }
-    save_checkpoint(directory, Checkpoint(4, spec, weights))
 
 
 def _observation(episode: int, t: int) -> np.ndarray:
@@ -38,7 +23,7 @@ def test_interleaved_episodes_and_small_uploads_give_the_known_rows(tmp_path: Pa
     """Two episodes open at once, uploads every 3 complete rows (pending rows are carried
     over to the next batch), logged and chosen actions, rewards summed, info kept."""
     data = tmp_path / "ds"
-    _checkpoint(data / "checkpoints")
+    cartpole_checkpoint(data / "checkpoints", 4, seed=1)
     with running_server(cartpole_config(data)) as server:
         client = PolicyClient(server.url, spool_dir=tmp_path / "spool", upload_rows=3,
                               upload_interval_s=0.01, seed=0)  # fmt: skip

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 import requests
 from server_fixtures import (
+    cartpole_checkpoint,
     cartpole_config,
     free_port,
     kill,
@@ -25,25 +26,11 @@ from server_fixtures import (
 )
 
 from pipeline import codec, spaces
-from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
 from server import openapi
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OBS = [0.01, -0.02, 0.03, 0.04]
-
-
-def _checkpoint(directory: Path, version: int, seed: int = 0) -> Path:
-    env = gym.make("CartPole-v1")
-    spec = ModelSpec(env.observation_space, env.action_space, hidden=(8,))
-    rng = np.random.default_rng(seed)
-    weights = {
-        "pi.0.weight": rng.standard_normal((8, 4)).astype(np.float32),
-        "pi.0.bias": np.zeros(8, np.float32),
-        "pi.1.weight": rng.standard_normal((2, 8)).astype(np.float32),
-        "pi.1.bias": np.zeros(2, np.float32),
-    }
-    return save_checkpoint(directory, Checkpoint(version, spec, weights))
 
 
 def _post(url: str, path: str, body: Any, **kwargs: Any) -> requests.Response:
@@ -55,14 +42,14 @@ def test_remote_inference_uses_newest_checkpoint_and_records_it(tmp_path: Path) 
     with running_server(cartpole_config(data, token=TOKEN, policy_poll_s=0.05)) as server:
         assert requests.get(server.url + "/v1/health", timeout=5).json()["acting_at_random"]
         assert requests.get(server.url + "/v1/weights", headers=AUTH, timeout=5).status_code == 404
-        _checkpoint(data / "checkpoints", 1)
+        cartpole_checkpoint(data / "checkpoints", 1)
         time.sleep(0.1)
         episode = _post(server.url, "/v1/episodes", {"episode_id": "e1", "seed": 5}).json()
         assert episode == {"episode_id": "e1"}
         first = _post(server.url, "/v1/episodes/e1/actions", {"observation": OBS}).json()
         assert first["policy_version"] == 1 and first["action"] in (0, 1)
         assert first["action_logp"] < 0
-        _checkpoint(data / "checkpoints", 2, seed=1)
+        cartpole_checkpoint(data / "checkpoints", 2, seed=1)
         time.sleep(0.1)
         second = _post(server.url, "/v1/episodes/e1/actions", {"observation": OBS, "reward": 1})
         assert second.json()["policy_version"] == 2

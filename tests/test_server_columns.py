@@ -9,32 +9,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import pandas as pd
 import pytest
 import requests
-from server_fixtures import cartpole_config, running_server
+from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
 
-from pipeline.policy import Checkpoint, ModelSpec, NumpyPolicy, save_checkpoint
+from pipeline.policy import NumpyPolicy, load_checkpoint
 from server.combiner import Combiner
 
 OBS = [[0.01, -0.02, 0.03, 0.04], [0.1, 0.2, 0.3, 0.4], [-0.5, 0.5, -0.05, 0.05]]
 
 
 def _policy(directory: Path) -> NumpyPolicy:
-    env = gym.make("CartPole-v1")
-    spec = ModelSpec(env.observation_space, env.action_space, hidden=(8,))
-    rng = np.random.default_rng(3)
-    weights = {
-        "pi.0.weight": rng.standard_normal((8, 4)).astype(np.float32),
-        "pi.0.bias": np.zeros(8, np.float32),
-        "pi.1.weight": rng.standard_normal((2, 8)).astype(np.float32),
-        "pi.1.bias": np.zeros(2, np.float32),
-    }
-    checkpoint = Checkpoint(1, spec, weights)
-    save_checkpoint(directory, checkpoint)
-    return NumpyPolicy(checkpoint)
+    return NumpyPolicy(load_checkpoint(cartpole_checkpoint(directory, 1, seed=3)))
 
 
 def _actions(url: str, body: dict[str, Any]) -> requests.Response:
