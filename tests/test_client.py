@@ -174,10 +174,10 @@ def test_server_down_client_spools_then_every_step_arrives_once(tmp_path: Path) 
 
 
 def test_local_mode_pulls_weights_and_records_their_version(tmp_path: Path) -> None:
-    from test_server import _checkpoint
+    from server_fixtures import cartpole_checkpoint
 
     data = tmp_path / "ds"
-    _checkpoint(data / "checkpoints", 3)
+    cartpole_checkpoint(data / "checkpoints", 3)
     with running_server(cartpole_config(data)) as server:
         client = PolicyClient(server.url, spool_dir=tmp_path / "spool", update_interval=None)
         lengths = _play(client, 1, seed=0)
