@@ -7,8 +7,8 @@ off-policy): online, the command samples them from a replay buffer filled by the
 The TD target bootstraps from ``next_observation`` unless the row *terminated*: a truncated row
 (a time limit) still has a future, so it bootstraps (Pardo et al. 2018).
 
-The pieces of ``update`` are methods (``critic_loss``, ``actor_alpha_step``, ``soft_update``) so
-that continuous CQL (:mod:`pipeline.trainers.cql`) can hold a SAC and add its penalty.
+The pieces of ``update`` are methods (``critic_loss``, ``actor_alpha_step``, ``soft_update``), so
+each can be tested by itself.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from pipeline.trainers.networks import (
     column,
     export,
     observations_tensor,
-    squashed_logp,
     squashed_sample,
 )
 
@@ -131,21 +130,11 @@ class SAC:
         loss = 0.5 * ((q1 - target).pow(2).mean() + (q2 - target).pow(2).mean())
         return loss, q1
 
-    def actor_alpha_step(
-        self, x: torch.Tensor, imitate: torch.Tensor | None = None
-    ) -> dict[str, float]:
-        """One actor step (SAC, eq. 7) and one temperature step (eq. 18).
-
-        With ``imitate`` (logged actions), the actor maximizes their likelihood instead of Q:
-        offline CQL's warm-up while the critics are still untrained (RLlib's ``bc_iters``).
-        """
+    def actor_alpha_step(self, x: torch.Tensor) -> dict[str, float]:
+        """One actor step (SAC, eq. 7) and one temperature step (eq. 18)."""
         alpha = self.log_alpha.exp().detach()
         actions, logp = self.sample(x)
-        if imitate is None:
-            actor_loss = (alpha * logp - self.q(x, actions)).mean()
-        else:
-            data_logp = squashed_logp(self.actor(x), imitate, self.low, self.high)
-            actor_loss = (alpha * logp - data_logp).mean()
+        actor_loss = (alpha * logp - self.q(x, actions)).mean()
         self.actor_optimizer.zero_grad()
         actor_loss.backward()
         self.actor_optimizer.step()
