@@ -47,13 +47,12 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import pyarrow.dataset as ds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import DatasetWriter
 from pipeline.cli import main as rlpipe
-from pipeline.importers.transitions import denormalize
+from pipeline.importers.rllib import read_ray_data
+from pipeline.importers.transitions import write_dataset
 from server import process as serve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,41 +63,13 @@ ENVS_PER_CLIENT = 4  # simulators a client process steps in turn, as SB3 steps i
 COMMIT_AGE_S = "0.1"  # the server commits a shard at least this often
 
 
-def rllib_dataset(source: Path, path: Path, env_id: str, limit: int) -> Path:
-    """RLlib's old-API Parquet (``dones``) as an rlpipe dataset; a done at the time limit is a
-    truncation, an earlier one a termination, an episode without one was cut (truncated)."""
-    table = ds.dataset(source, format="parquet").to_table()
-    ids = table["eps_id"].to_numpy()
-    dones = table["dones"].to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.append(True, ids[1:] != ids[:-1]))
-    t = np.arange(len(ids)) - np.repeat(starts, np.diff(np.append(starts, len(ids))))
-    last = np.append(ids[1:] != ids[:-1], True)
-    env = gym.make(env_id)
-
-    def stack(name: str, space: gym.Space[Any]) -> np.ndarray:
-        values = np.stack(table[name].to_numpy(zero_copy_only=False))
-        return values.astype(space.dtype).reshape(len(ids), *space.shape)  # type: ignore[arg-type]
-
-    discrete = isinstance(env.action_space, gym.spaces.Discrete)
-    actions = table["actions"].to_numpy() if discrete else stack("actions", env.action_space)
-    if not discrete:
-        # RLlib recorded Box actions normalized to [-1, 1] (its actions_in_input_normalized):
-        # Pendulum's dynamics on obs -> new_obs show the torque applied was 2x the logged value
-        actions = denormalize(actions, env.action_space)
-    with DatasetWriter(path, env.observation_space, env.action_space, env_id=env_id) as writer:
-        writer.append(
-            {
-                "episode_id": ids.astype(str),
-                "t": t,
-                "observation": stack("obs", env.observation_space),
-                "action": actions,
-                "reward": table["rewards"].to_numpy(),
-                "next_observation": stack("new_obs", env.observation_space),
-                "terminated": dones & (t < limit - 1),
-                "truncated": (dones & (t >= limit - 1)) | (last & ~dones),
-            }
-        )
-    env.close()
+def rllib_dataset(
+    source: Path, path: Path, env_id: str, limit: int, actions_normalized: bool = False
+) -> Path:
+    """RLlib's old-API Parquet (``dones``) as an rlpipe dataset, through ``rlpipe import``'s own
+    code: a done at the time limit is a truncation, an earlier one a termination."""
+    write_dataset(read_ray_data(source, "parquet"), path, env_id=env_id,
+                  max_episode_steps=limit, actions_normalized=actions_normalized)  # fmt: skip
     return path
 
 
@@ -380,7 +351,10 @@ def _offline_figures(only: set[str], root: Path, budget: float) -> dict[str, Any
             figures[f"{algorithm}_rllib_cartpole_return"] = score
     pendulum = ANCHOR / "pendulum" / "pendulum-v1_enormous"
     if "cql" in only and pendulum.is_dir():
-        data = rllib_dataset(pendulum, root / "rllib-pendulum", "Pendulum-v1", 200)
+        # RLlib recorded Pendulum's actions normalized to [-1, 1] (actions_in_input_normalized):
+        # its dynamics on obs -> new_obs show the torque applied was twice the logged value
+        data = rllib_dataset(pendulum, root / "rllib-pendulum", "Pendulum-v1", 200,
+                             actions_normalized=True)  # fmt: skip
         score = offline("cql", data, root, budget, -150.0)
         print(f"CQL on RLlib Pendulum: eval return {_score(score)} (RLlib's test asks -700)",
               flush=True)  # fmt: skip

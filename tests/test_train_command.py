@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,23 +110,29 @@ def _client(data: Path, stop: threading.Event, seed: int, env_id: str = "CartPol
     env.close()
 
 
+def _train_beside(clients: list[Callable[[], None]], stop: threading.Event, argv: list[str]) -> int:
+    """``rlpipe train ARGV`` while ``clients`` play on threads; they stop when it returns."""
+    threads = [threading.Thread(target=client) for client in clients]
+    for thread in threads:
+        thread.start()
+    try:
+        return main(["train", *argv])
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
 def test_train_ppo_online_publishes_versions_the_clients_act_with(tmp_path: Path) -> None:
     data = tmp_path / "live"
     env = gym.make("CartPole-v1")
     DatasetWriter(data, env.observation_space, env.action_space, env_id="CartPole-v1").close()
     env.close()
     stop = threading.Event()
-    clients = [threading.Thread(target=_client, args=(data, stop, s)) for s in (1, 2)]
-    for client in clients:
-        client.start()
-    try:
-        code = main(["train", "ppo", "--data", str(data), "--follow", "--run-dir",
-                     str(tmp_path / "run"), "--max-updates", "3", "--batch-size", "300",
-                     "--timeout", "20", "--eval-episodes", "1"])  # fmt: skip
-    finally:
-        stop.set()
-        for client in clients:
-            client.join()
+    clients = [functools.partial(_client, data, stop, s) for s in (1, 2)]
+    code = _train_beside(clients, stop, ["ppo", "--data", str(data), "--follow", "--run-dir",
+                         str(tmp_path / "run"), "--max-updates", "3", "--batch-size", "300",
+                         "--timeout", "20", "--eval-episodes", "1"])  # fmt: skip
     assert code == 0
     published = sorted(p.name for p in (data / "checkpoints").iterdir())
     assert published == [f"policy-{v:08d}.npz" for v in (1, 2, 3, 4)]
@@ -154,16 +162,11 @@ def test_train_sac_online_samples_a_replay_buffer_of_live_rows(tmp_path: Path) -
     DatasetWriter(data, env.observation_space, env.action_space, env_id="Pendulum-v1").close()
     env.close()
     stop = threading.Event()
-    client = threading.Thread(target=_client, args=(data, stop, 1, "Pendulum-v1"))
-    client.start()
-    try:
-        code = main(["train", "sac", "--data", str(data), "--follow", "--run-dir",
-                     str(tmp_path / "run"), "--max-updates", "40", "--eval-every", "20",
-                     "--batch-size", "64", "--hidden", "16", "--timeout", "20",
-                     "--eval-episodes", "1"])  # fmt: skip
-    finally:
-        stop.set()
-        client.join()
+    client = functools.partial(_client, data, stop, 1, "Pendulum-v1")
+    code = _train_beside([client], stop, ["sac", "--data", str(data), "--follow", "--run-dir",
+                         str(tmp_path / "run"), "--max-updates", "40", "--eval-every", "20",
+                         "--batch-size", "64", "--hidden", "16", "--timeout", "20",
+                         "--eval-episodes", "1"])  # fmt: skip
     assert code == 0
     metrics = _metrics(tmp_path / "run")
     assert [m["version"] for m in metrics] == [1, 2, 3]
@@ -210,17 +213,10 @@ def test_train_ppo_online_through_a_real_server(tmp_path: Path) -> None:
         env.close()
 
     with running_server(config) as server:
-        clients = [threading.Thread(target=play, args=(server.url, s)) for s in (1, 2)]
-        for client in clients:
-            client.start()
-        try:
-            code = main(["train", "ppo", "--data", str(data), "--follow", "--run-dir",
-                         str(tmp_path / "run"), "--max-updates", "2", "--batch-size", "200",
-                         "--timeout", "20", "--eval-episodes", "1"])  # fmt: skip
-        finally:
-            stop.set()
-            for client in clients:
-                client.join()
+        clients = [functools.partial(play, server.url, s) for s in (1, 2)]
+        code = _train_beside(clients, stop, ["ppo", "--data", str(data), "--follow", "--run-dir",
+                             str(tmp_path / "run"), "--max-updates", "2", "--batch-size", "200",
+                             "--timeout", "20", "--eval-episodes", "1"])  # fmt: skip
     assert code == 0
     assert latest_checkpoint(data) == data / "checkpoints" / "policy-00000003.npz"
     reader = InputReader(data, columns=["policy_version"])

@@ -88,30 +88,15 @@ def read_all(path: Path) -> Batch:
 
 
 def rllib_cartpole(source: Path, path: Path) -> Path:
-    """RLlib's recorded CartPole Parquet (old API: ``dones``, 200-step episodes) as a dataset.
+    """RLlib's recorded CartPole Parquet (old API: ``dones``, 200-step episodes) as a dataset,
+    imported as ``rlpipe import rllib-parquet --max-episode-steps 200`` does.
 
     RLlib's ``dones`` mixes both endings: a done at the 200-step limit is a truncation, any
     earlier one a termination.
     """
-    import pyarrow.dataset as ds
+    from pipeline.importers.rllib import read_ray_data
+    from pipeline.importers.transitions import write_dataset
 
-    table = ds.dataset(source, format="parquet").to_table()
-    episode_ids = table["eps_id"].to_numpy()
-    dones = table["dones"].to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.append(True, episode_ids[1:] != episode_ids[:-1]))
-    t = np.arange(len(episode_ids)) - np.repeat(starts, np.diff(np.append(starts, len(dones))))
-    last = np.append(episode_ids[1:] != episode_ids[:-1], True)
-    terminated = dones & (t < 199)
-    truncated = (dones & (t >= 199)) | (last & ~dones)
-    observations = np.stack(table["obs"].to_numpy(zero_copy_only=False)).astype(np.float32)
-    next_observations = np.stack(table["new_obs"].to_numpy(zero_copy_only=False)).astype(np.float32)
-    env = gym.make("CartPole-v1")
-    with DatasetWriter(path, env.observation_space, env.action_space, env_id="CartPole-v1") as w:
-        w.append({
-            "episode_id": episode_ids.astype(str), "t": t, "observation": observations,
-            "action": table["actions"].to_numpy(), "reward": table["rewards"].to_numpy(),
-            "next_observation": next_observations, "terminated": terminated,
-            "truncated": truncated, "action_logp": table["action_logp"].to_numpy(),
-        })  # fmt: skip
-    env.close()
+    write_dataset(read_ray_data(source, "parquet"), path, env_id="CartPole-v1",
+                  max_episode_steps=200)  # fmt: skip
     return path
