@@ -1,7 +1,7 @@
 """Policy-server benchmark: remote and local inference with CartPole clients, and batch ingest.
 
 Every client is its own process (as simulators are), all starting together and running for the
-same number of seconds against one ``rlpipe serve`` (waitress) process. Baselines, measured in the
+same number of seconds against one ``rlpipe serve`` (granian) process. Baselines, measured in the
 same run: a bare Flask route answering empty JSON on the same WSGI server, hit by as many client
 processes (the ceiling for one round trip per step; ratios are to it), and a bare WSGI function
 (the ceiling without a framework); and, for reference, RLlib's figures on this machine quoted by
@@ -78,47 +78,42 @@ def worker_remote(url: str, seconds: float, start_at: float, seed: int) -> dict[
 def worker_vector(
     url: str, seconds: float, start_at: float, seed: int, envs: int
 ) -> dict[str, Any]:
-    """Many envs, one request per step of all of them, in the columnar batch form."""
+    """A vectorized simulator: gymnasium's numpy CartPole steps all its envs at once, and one
+    request per step carries all of them in the columnar batch form.
+
+    The vector env resets an env on the step after its episode ended (gymnasium's next-step
+    autoreset): that step's observation starts the env's next episode and is not counted.
+    """
     import gymnasium as gym
 
     from pipeline.transport import Http
 
     http = Http(url, None, 30.0, None)
-    sims = [gym.make("CartPole-v1", disable_env_checker=True) for _ in range(envs)]
+    sims = gym.make_vec("CartPole-v1", num_envs=envs, vectorization_mode="vector_entry_point")
+    observations, _ = sims.reset(seed=seed)
+    counts = np.zeros(envs, np.int64)
     ids = [f"w{seed}-{i}-0" for i in range(envs)]
-    counts = [0] * envs
-    body: dict[str, Any] = {
-        "episode_ids": list(ids),
-        "observations": [sim.reset(seed=seed * 100 + i)[0].tolist() for i, sim in enumerate(sims)],
-        "starts": [{}] * envs,
-    }
-    steps, rows = 0, list(range(envs))  # rows: where each env's episode is in the body
+    body: dict[str, Any] = {"episode_ids": ids, "observations": observations.tolist(),
+                            "starts": [{}] * envs}  # fmt: skip
+    steps, ended = 0, np.zeros(envs, bool)  # ended: the env's episode ended last step
     _wait(start_at)
     cpu = time.process_time()
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
-        actions = http.call("POST", "/v1/actions", json=body).json()["actions"]
-        body = {"episode_ids": [], "observations": [], "rewards": [], "terminated": [],
-                "truncated": [], "starts": []}  # fmt: skip
-        for i, sim in enumerate(sims):
-            observation, reward, terminated, truncated, _ = sim.step(actions[rows[i]])
-            steps += 1
-            _entry(body, ids[i], observation.tolist(), reward, terminated, truncated, None)
-            if terminated or truncated:
-                counts[i] += 1
-                ids[i] = f"w{seed}-{i}-{counts[i]}"
-                _entry(body, ids[i], sim.reset()[0].tolist(), 0.0, False, False, {})
-            rows[i] = len(body["episode_ids"]) - 1
+        answer = http.call("POST", "/v1/actions", json=body).json()["actions"]
+        actions = np.array([0 if a is None else a for a in answer], np.int64)  # ended: none
+        observations, rewards, terminated, truncated, _ = sims.step(actions)
+        counts += ended  # the envs that ended last step were reset by this one
+        ids = [f"w{seed}-{i}-{n}" for i, n in enumerate(counts.tolist())]
+        body = {"episode_ids": ids, "observations": observations.tolist(),
+                "rewards": np.where(ended, 0.0, rewards).tolist(),
+                "terminated": terminated.tolist(), "truncated": truncated.tolist(),
+                "starts": [{} if first else None for first in ended.tolist()]}  # fmt: skip
+        steps += int(envs - ended.sum())
+        ended = terminated | truncated
+    sims.close()
     return {"steps": steps, "seconds": time.perf_counter() - began,
             "cpu": time.process_time() - cpu}  # fmt: skip
-
-
-def _entry(body: dict[str, list[Any]], episode_id: str, observation: list[float], reward: float,
-           terminated: bool, truncated: bool, start: dict[str, Any] | None) -> None:  # fmt: skip
-    for key, value in (("episode_ids", episode_id), ("observations", observation),
-                       ("rewards", reward), ("terminated", terminated),
-                       ("truncated", truncated), ("starts", start)):  # fmt: skip
-        body[key].append(value)
 
 
 def worker_local(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
@@ -195,12 +190,11 @@ def worker_bare(url: str, seconds: float, start_at: float, seed: int) -> dict[st
 
 
 def bare_server(port: int, kind: str) -> None:
-    """A route answering empty JSON on waitress with ``rlpipe serve``'s settings: through
-    Flask (``kind="flask"``), or a plain WSGI function reading the body as the fast path does."""
+    """A route answering empty JSON on granian with ``rlpipe serve``'s settings: through Flask
+    (``kind="flask"``), or a plain WSGI function reading the body as the fast path does."""
     from flask import Flask, jsonify
-    from waitress import serve
 
-    from server.command import _TUNING
+    from server.host import run_wsgi
 
     app = Flask("bare")
     app.add_url_rule("/step", "step", lambda: jsonify({}), methods=["POST"])
@@ -210,8 +204,7 @@ def bare_server(port: int, kind: str) -> None:
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", "2")])
         return [b"{}"]
 
-    serve(app if kind == "flask" else plain, host="127.0.0.1", port=port, threads=8,
-          _quiet=True, **_TUNING)  # fmt: skip
+    run_wsgi(lambda url: app if kind == "flask" else plain, "127.0.0.1", port, threads=8)
 
 
 WORKERS = {"remote": worker_remote, "vector": worker_vector, "local": worker_local,
@@ -247,13 +240,17 @@ SERVER: dict[str, int] = {"pid": 0}  # the rlpipe serve process, for its CPU tim
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process (Linux ``/proc``), 0.0 where unavailable: CPU per
-    step says what a step costs even on a machine that other work keeps busy."""
+    """User plus system CPU time of a process and its children (granian's worker), from Linux
+    ``/proc``, 0.0 where unavailable: CPU per step says what a step costs even on a machine
+    that other work keeps busy."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for child in (task / "children").read_text().split()]  # fmt: skip
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(_cpu_seconds(child) for child in children)
 
 
 def _phase(kind: str, url: str, clients: int, seconds: float, **extra: Any) -> dict[str, Any]:
@@ -391,7 +388,7 @@ def _baselines(ports: dict[str, int], seconds: float) -> tuple[float, float]:
         bare_url = f"http://127.0.0.1:{port}"
         p50 = _phase("bare", bare_url, 1, seconds)["p50_ms"]
         measured[kind] = (_phase("bare", bare_url, 8, seconds)["steps_per_s"], p50)
-        print(f"baseline: bare {kind} route on waitress: {measured[kind][0]:,.0f} requests/s "
+        print(f"baseline: bare {kind} route on granian: {measured[kind][0]:,.0f} requests/s "
               f"with 8 clients, p50 {p50:.2f} ms with 1")  # fmt: skip
     return measured["flask"]
 

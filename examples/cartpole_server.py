@@ -18,15 +18,13 @@ and clients in local inference mode pull the weights it publishes into ``DIR/che
 from __future__ import annotations
 
 import argparse
-import signal
 from pathlib import Path
 
 import gymnasium as gym
-from waitress.server import create_server
 
 from pipeline import InputReader
-from server.app import create_app
 from server.config import ServerConfig
+from server.host import serve
 
 
 def parse_args() -> argparse.Namespace:
@@ -54,16 +52,9 @@ def main() -> None:
                           action_space=env.action_space, env_id="CartPole-v1")  # fmt: skip
     env.close()
 
-    app = create_app(config)
-    server = create_server(app, host="127.0.0.1", port=args.port, threads=8)
-    signal.signal(signal.SIGTERM, lambda *_: server.close())
-    print(f"serving http://127.0.0.1:{server.effective_port} -> {args.data}", flush=True)
-    try:
-        server.run()
-    except (KeyboardInterrupt, OSError, ValueError):
-        pass  # Ctrl-C, or the socket map closed by SIGTERM
-    finally:
-        app.extensions["rlpipe"].close()  # ends open episodes as truncated, closes the writer
+    # one worker process serves; it ends open episodes as truncated when told to stop
+    serve(config, "127.0.0.1", args.port, threads=8,
+          announce=lambda url: print(f"serving {url} -> {args.data}", flush=True))  # fmt: skip
     print(summary(args.data), flush=True)
 
 

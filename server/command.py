@@ -1,9 +1,6 @@
-"""``rlpipe serve``: the policy server on waitress, a production WSGI server.
+"""``rlpipe serve``: the policy server on granian (see :mod:`server.host` for why).
 
-Waitress because the server must be one process: open episodes and the dataset writer's log live
-in its memory, so pre-forking servers (gunicorn) would split episodes across workers. Waitress is
-pure Python, threaded, well kept (Pylons), and needs no C toolchain. Flask and waitress are
-imported only when the command runs.
+Flask and granian are imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -11,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,36 +59,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from waitress.server import create_server
-    except ModuleNotFoundError:
-        raise ConfigError(
-            "serve",
-            "waitress",
-            "the waitress WSGI server to be installed (pip install 'waitress>=3.0')",
-            "no module 'waitress'",
-        ) from None
-
-    from server.app import create_app
+    from server.host import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    # waitress warns once per request that waits for a thread; under load that floods the log
-    # (and blocks a server whose stderr is a pipe nobody drains). The metrics carry queue depth.
-    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
-    app = create_app(_config(args))
-    service = app.extensions["rlpipe"]
-    server = create_server(app, host=args.host, port=args.port, threads=args.threads,
-                           max_request_body_size=_transport_limit(service.config.max_body_bytes),
-                           ident="rlpipe", **_TUNING)  # fmt: skip
-    signal.signal(signal.SIGTERM, lambda *_: server.close())
-    print(f"rlpipe serve: http://{args.host}:{server.effective_port}/v1 -> {args.data}",
-          file=sys.stderr, flush=True)  # fmt: skip
-    try:
-        server.run()
-    except (KeyboardInterrupt, OSError, ValueError):
-        pass  # SIGINT, or the socket map closed by SIGTERM
-    finally:
-        service.close()
+    config = _config(args)  # a bad --env or --spaces is refused before anything listens
+
+    def announce(url: str) -> None:
+        print(f"rlpipe serve: {url}/v1 -> {args.data}", file=sys.stderr, flush=True)
+
+    serve(config, args.host, args.port, args.threads, announce)
     return 0
 
 
@@ -130,15 +105,3 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         policy_poll_s=args.policy_poll,
         writer=WriterConfig(sync=args.sync, max_age_s=args.commit_age),
     )  # fmt: skip
-
-
-# Batch uploads are megabytes of Arrow: read them in large pieces and keep bodies up to 16 MiB
-# in memory (waitress's default spools any body past 512 KiB to a temporary file and reads it
-# back). Steps are tiny and need none of this.
-_TUNING = {"recv_bytes": 256 * 2**10, "inbuf_overflow": 16 * 2**20}
-
-
-def _transport_limit(max_body_bytes: int) -> int:
-    """Waitress refuses bodies past this in plain text; above the app's own limit, so the usual
-    oversized body still gets the app's JSON 413, and only an absurd one is cut off early."""
-    return 2 * max_body_bytes + 2**20

@@ -79,7 +79,7 @@ def free_port() -> int:
 def start_serve_process(
     data: Path, port: int, *extra: str, env_id: str | None = "CartPole-v1"
 ) -> subprocess.Popen[bytes]:
-    """``rlpipe serve`` (waitress) as a subprocess, returned once it answers health."""
+    """``rlpipe serve`` (granian) as a subprocess, returned once it answers health."""
     source = ["--env", env_id] if env_id is not None else []
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data), *source,

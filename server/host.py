@@ -1,0 +1,151 @@
+"""The app on granian: HTTP parsed and answered in Rust, the app in one worker process.
+
+Why granian: a step of remote inference is one small request, so the HTTP server's own cost per
+request bounds the steps per second. A bare WSGI route on waitress (pure Python) cost the server
+about 350 us of CPU per request with 8 clients on this 2-core machine, on granian about 70 us
+(``bench/serve.py`` measures both baselines each run). Granian is well kept (Emmett's authors,
+a release a month, wheels for every platform), and its WSGI interface runs Flask unchanged.
+
+One worker, never more: open episodes and the dataset writer's log live in the app's memory, so
+a second worker would split episodes between two writers. Granian's supervisor is this process:
+it binds the socket and forks the worker, which builds the app (so the writer's threads start
+after the fork), serves it from ``threads`` Python threads, and closes it (open episodes ended
+as truncated, shards committed) when the supervisor is told to stop (SIGINT, SIGTERM). On Linux
+the worker dies with the supervisor (``PR_SET_PDEATHSIG``), so ``kill -9`` of ``rlpipe serve``
+stops serving at once, as it would a one-process server; a killed server's log is recovered by
+the next writer on the directory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import ConfigError, RlpipeError
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from server.config import ServerConfig
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Any]
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_SERVICE: list[Any] = []  # the worker's service, closed when the worker stops
+
+
+def serve(config: ServerConfig, host: str, port: int, threads: int,
+          announce: Callable[[str], None]) -> None:  # fmt: skip
+    """Serve ``config``'s app on ``host:port`` (0: a free port) until SIGINT or SIGTERM.
+
+    ``announce(url)`` runs in the worker once the app is built and the port listens, with the
+    port the OS picked when ``port`` is 0.
+
+    Raises:
+        ConfigError: granian is missing, or the port is taken.
+        DatasetError: the dataset cannot be served (checked before anything listens).
+        SystemExit: with status 1, when the worker failed (it printed why).
+    """
+    _check_dataset(config)
+    run_wsgi(partial(_build, config, announce), host, port, threads)
+
+
+def run_wsgi(load: Callable[[str], WsgiApp], host: str, port: int, threads: int) -> None:
+    """Serve the WSGI app that ``load(url)`` builds in the worker, until SIGINT or SIGTERM."""
+    try:
+        from granian import Granian
+        from granian.constants import Interfaces
+        from granian.log import LogLevels
+    except ModuleNotFoundError:
+        wanted = "the granian HTTP server to be installed (pip install 'granian>=2.8')"
+        raise ConfigError("serve", "granian", wanted, "no module 'granian'") from None
+    holder = _reserve(host, port)
+    url = f"http://{host}:{holder.getsockname()[1]}"
+    # log_level "error": granian warns at start when threads exceed 2 per core, which the
+    # combining of concurrent steps wants (see server.combiner)
+    server = Granian("rlpipe", address=host, port=holder.getsockname()[1],
+                     interface=Interfaces.WSGI, workers=1, blocking_threads=threads,
+                     log_level=LogLevels.error, websockets=False)  # fmt: skip
+    server.on_startup(holder.close)  # granian has bound the port by then
+    worker = partial(_worker, Granian._spawn_wsgi_worker)
+    server.serve(spawn_target=worker, target_loader=partial(_load, load, url))
+
+
+def _check_dataset(config: ServerConfig) -> None:
+    """Refuse a dataset the worker could not open, here, where the error reaches the caller:
+    a worker that fails can only print why and exit."""
+    from pipeline.manifest import Manifest, create_or_check, read_manifest
+
+    if config.observation_space is None or config.action_space is None:
+        read_manifest(config.data)
+    else:
+        manifest = Manifest(config.observation_space, config.action_space, config.env_id)
+        create_or_check(str(config.data), manifest)
+
+
+def _reserve(host: str, port: int) -> socket.socket:
+    """A socket bound to the port granian will bind, held until it has.
+
+    A first bind without ``SO_REUSEPORT`` refuses a port another server listens on (granian's
+    own bind shares ports, so two servers on one port would split the traffic between them)
+    and picks a free port for 0; the second shares the port with granian's bind, keeping it
+    from others meanwhile.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+            port = probe.getsockname()[1]
+        holder = socket.socket(family)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind((host, port))
+    except OSError as error:
+        wanted = "an address of this machine and a port nothing listens on"
+        got = f"{host}:{port} ({error.strerror})"
+        raise ConfigError("serve", "--host/--port", wanted, got) from None
+    return holder
+
+
+def _load(load: Callable[[str], WsgiApp], url: str, _target: str) -> WsgiApp:
+    _die_with_parent()
+    return load(url)
+
+
+def _build(config: ServerConfig, announce: Callable[[str], None], url: str) -> Flask:
+    """The app, in the worker; on a user error, say why in one line and exit 2."""
+    from server.app import create_app
+
+    try:
+        app = create_app(config)
+    except RlpipeError as error:
+        print(f"rlpipe serve: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    _SERVICE.append(app.extensions["rlpipe"])
+    announce(url)
+    return app
+
+
+def _worker(spawn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """Granian's WSGI worker, then the service closed: its episodes end, its shards commit."""
+    try:
+        spawn(*args, **kwargs)
+    finally:
+        while _SERVICE:
+            _SERVICE.pop().close()
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the supervisor died before the call took effect
+        os.kill(os.getpid(), signal.SIGKILL)
