@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Flask, Response, current_app, g, jsonify, request
 
 from pipeline import spaces
 from server import errors, handlers, openapi
@@ -56,7 +56,21 @@ def _guards(app: Flask, config: ServerConfig, service: Service) -> None:
 
 
 def _body() -> dict[str, Any]:
-    return parse_json(request.get_data(cache=False), request.content_type)
+    return parse_json(_raw_body(), request.content_type)
+
+
+def _raw_body() -> bytes:
+    """The request body. One sent without a length (chunked) is read to a byte past the limit
+    and refused with 413 when it is longer: werkzeug's own stream cuts it at the limit without
+    a word, which would turn an oversized body into a confusing 400 for malformed content."""
+    if request.content_length is not None or not request.environ.get("wsgi.input_terminated"):
+        return request.get_data(cache=False)  # the guard has checked the length already
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    body: bytes = request.environ["wsgi.input"].read(limit + 1)
+    if len(body) > limit:
+        raise errors.ApiError(413, f"request body of more than {limit} bytes is larger than the "
+                                   f"server's limit of {limit} bytes")  # fmt: skip
+    return body
 
 
 def _episode_routes(app: Flask, service: Service) -> None:
@@ -89,7 +103,7 @@ def _episode_routes(app: Flask, service: Service) -> None:
 def _data_routes(app: Flask, service: Service) -> None:
     @app.post("/v1/uploads")
     def upload() -> Response:
-        body = request.get_data(cache=False)
+        body = _raw_body()
         return jsonify(handlers.upload(service, request.headers.get, request.content_type,
                                        body, g))  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -112,6 +113,8 @@ def _bad_cases(url: str) -> list[tuple[str, dict[str, Any], int, str]]:
          "field 'action': expected an integer in [0, 2), got 5"),
         (ep, {"data": b"x" * 5000, "headers": json_type}, 413,
          "request body of 5000 bytes is larger than the server's limit of 4096 bytes"),
+        (ep, {"data": iter([b"x" * 2500] * 2), "headers": json_type}, 413,  # chunked
+         "request body of more than 4096 bytes is larger than the server's limit of 4096 bytes"),
         (ep, {"json": {"observation": OBS}, "headers": {}}, 401,
          "missing or wrong token: send 'Authorization: Bearer TOKEN'"),
         (ep, {"json": {"observation": OBS}, "headers": {"Authorization": "Bearer nope"}}, 401,
@@ -139,25 +142,45 @@ def test_bad_input_gets_its_4xx_writes_nothing_and_the_server_keeps_serving(
     data = tmp_path / "ds"
     config = cartpole_config(data, token=TOKEN, max_body_bytes=4096)
     with running_server(config) as server:
-        for episode_id in ("e1", "old"):
-            _post(server.url, "/v1/episodes", {"episode_id": episode_id})
-        _post(server.url, "/v1/episodes/old/end", {"observation": OBS})
-        _post(server.url, "/v1/episodes/e1/actions", {"observation": OBS, "request": 1})
-        for path, kwargs, status, message in _bad_cases(server.url):
-            kwargs.setdefault("headers", AUTH)
-            response = requests.post(server.url + path, timeout=10, **kwargs)
-            assert response.status_code == status, (path, response.text)
-            got = response.json()["error"]
-            assert got["status"] == status
-            assert re.fullmatch(re.escape(message) + r"( \(.*\))?", got["message"]), got
-            assert "Traceback" not in response.text
-        for path in ("/", "/v1", "/v1/../manifest.json", "/steps/"):
-            response = requests.get(server.url + path, headers=AUTH, timeout=5)
-            assert response.status_code == 404 and response.json()["error"]["status"] == 404
-        ok = _post(server.url, "/v1/episodes/e1/actions", {"observation": OBS, "request": 2})
-        assert ok.status_code == 200
-        _post(server.url, "/v1/episodes/e1/end", {"observation": OBS})
-        metrics = requests.get(server.url + "/v1/metrics", headers=AUTH, timeout=5).text
+        metrics = _refuse_bad_input(server.url)
+    _check_nothing_bad_written(data, metrics)
+
+
+def test_rlpipe_serve_refuses_bad_input_alike(tmp_path: Path) -> None:
+    """The same table against the production HTTP server (granian), not werkzeug's."""
+    data, port = tmp_path / "ds", free_port()
+    process = start_serve_process(data, port, "--token", TOKEN, "--max-body-bytes", "4096")
+    try:
+        metrics = _refuse_bad_input(f"http://127.0.0.1:{port}")
+    finally:
+        kill(process, signal.SIGTERM)
+    _check_nothing_bad_written(data, metrics)
+
+
+def _refuse_bad_input(url: str) -> str:
+    """Every bad case gets its 4xx and a JSON error; the metrics afterwards."""
+    for episode_id in ("e1", "old"):
+        _post(url, "/v1/episodes", {"episode_id": episode_id})
+    _post(url, "/v1/episodes/old/end", {"observation": OBS})
+    _post(url, "/v1/episodes/e1/actions", {"observation": OBS, "request": 1})
+    for path, kwargs, status, message in _bad_cases(url):
+        kwargs.setdefault("headers", AUTH)
+        response = requests.post(url + path, timeout=10, **kwargs)
+        assert response.status_code == status, (path, response.text)
+        got = response.json()["error"]
+        assert got["status"] == status
+        assert re.fullmatch(re.escape(message) + r"( \(.*\))?", got["message"]), got
+        assert "Traceback" not in response.text
+    for path in ("/", "/v1", "/v1/../manifest.json", "/steps/"):
+        response = requests.get(url + path, headers=AUTH, timeout=5)
+        assert response.status_code == 404 and response.json()["error"]["status"] == 404
+    ok = _post(url, "/v1/episodes/e1/actions", {"observation": OBS, "request": 2})
+    assert ok.status_code == 200
+    _post(url, "/v1/episodes/e1/end", {"observation": OBS})
+    return requests.get(url + "/v1/metrics", headers=AUTH, timeout=5).text
+
+
+def _check_nothing_bad_written(data: Path, metrics: str) -> None:
     steps = pd.read_parquet(data / "steps")
     assert sorted(steps[steps["episode_id"] == "e1"]["t"]) == [0, 1]
     assert len(steps) == 2
