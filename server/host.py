@@ -19,6 +19,7 @@ the next writer on the directory.
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import socket
@@ -64,6 +65,7 @@ def run_wsgi(load: Callable[[str], WsgiApp], host: str, port: int, threads: int)
     except ModuleNotFoundError:
         wanted = "the granian HTTP server to be installed (pip install 'granian>=2.8')"
         raise ConfigError("serve", "granian", wanted, "no module 'granian'") from None
+    _fork_workers()
     holder = _reserve(host, port)
     url = f"http://{host}:{holder.getsockname()[1]}"
     # log_level "error": granian warns at start when threads exceed 2 per core, which the
@@ -74,6 +76,17 @@ def run_wsgi(load: Callable[[str], WsgiApp], host: str, port: int, threads: int)
     server.on_startup(holder.close)  # granian has bound the port by then
     worker = partial(_worker, Granian._spawn_wsgi_worker)
     server.serve(spawn_target=worker, target_loader=partial(_load, load, url))
+
+
+def _fork_workers() -> None:
+    """Granian starts its worker the way multiprocessing starts processes; by fork, the app's
+    loader and config reach the worker as they are, while "spawn" would pickle them."""
+    if multiprocessing.get_start_method(allow_none=True) == "fork":
+        return
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise ConfigError("serve", "platform", "one that can fork processes (Linux, macOS)",
+                          sys.platform)  # fmt: skip
+    multiprocessing.set_start_method("fork", force=True)
 
 
 def _check_dataset(config: ServerConfig) -> None:
