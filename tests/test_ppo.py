@@ -146,3 +146,20 @@ def test_ppo_anneals_lr_and_clip_linearly_to_zero() -> None:
     config = PPOConfig(lr=1e-3, anneal_updates=4)
     assert [config.progress_remaining(u) for u in (0, 1, 4, 9)] == [1.0, 0.75, 0.0, 0.0]
     assert PPOConfig().progress_remaining(10**6) == 1.0
+
+
+def test_ppo_clips_policy_and_value_gradients_apart() -> None:
+    """A value loss of any size leaves the policy's step alone: under one joint norm, a value
+    spike (a long episode's unforeseen fall) would shrink the policy's step to nothing."""
+    env = gym.make("CartPole-v1")
+    trainers = [PPO(env.observation_space, env.action_space, PPOConfig(vf_coef=vf_coef))
+                for vf_coef in (0.5, 1000.0)]  # fmt: skip
+    batch = rollouts(trainers[0].checkpoint(1), env, steps=64, seed=0)
+    env.close()
+    before = [p.detach().clone() for p in trainers[0].policy.parameters()]
+    for trainer in trainers:
+        trainer.update(batch)
+    moved, same = trainers[0].policy.parameters(), trainers[1].policy.parameters()
+    for start, a, b in zip(before, moved, same, strict=True):
+        assert not torch.equal(start, a) or not start.numel()
+        torch.testing.assert_close(a, b)
