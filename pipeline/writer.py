@@ -135,9 +135,7 @@ class DatasetWriter:
     ) -> None:
         self.root = str(Path(path).resolve())
         self.config = config or WriterConfig()
-        if observation_space is not None and action_space is not None:
-            schema.step_schema(observation_space, action_space)  # refuse bad spaces before any file
-        self.manifest = self._open_manifest(observation_space, action_space, env_id)
+        self.manifest = open_manifest(self.root, observation_space, action_space, env_id)
         step_schema = schema.step_schema(
             self.manifest.observation_space, self.manifest.action_space
         )
@@ -255,18 +253,6 @@ class DatasetWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _open_manifest(
-        self,
-        observation_space: gym.Space[Any] | None,
-        action_space: gym.Space[Any] | None,
-        env_id: str | None,
-    ) -> Manifest:
-        if observation_space is None or action_space is None:
-            if observation_space is not None or action_space is not None:
-                raise DatasetError("give both observation_space and action_space, or neither")
-            return read_manifest(self.root)
-        return create_or_check(self.root, Manifest(observation_space, action_space, env_id))
-
     def _claim_wal_dir(self) -> tuple[int, Path]:
         """Lock a fresh log directory; a recovering writer can tell a live writer by its lock."""
         base = layout.wal_root(self.root)
@@ -379,3 +365,24 @@ class DatasetWriter:
                 f"{self.root}: committing a shard failed ({self._failure!r}); acknowledged rows "
                 "are safe in the log and a new writer on this directory will recover them"
             ) from self._failure
+
+
+def open_manifest(
+    root: str,
+    observation_space: gym.Space[Any] | None,
+    action_space: gym.Space[Any] | None,
+    env_id: str | None,
+) -> Manifest:
+    """The manifest a writer with these spaces may write under: the dataset's own when no spaces
+    are given, else a new one, or the existing one if it agrees.
+
+    Raises:
+        SpaceError: a space the format cannot store (refused before any file is made).
+        DatasetError: no manifest and no spaces, only one space, or spaces the dataset differs from.
+    """
+    if observation_space is None or action_space is None:
+        if observation_space is not None or action_space is not None:
+            raise DatasetError("give both observation_space and action_space, or neither")
+        return read_manifest(root)
+    schema.step_schema(observation_space, action_space)  # refuse bad spaces before any file
+    return create_or_check(root, Manifest(observation_space, action_space, env_id))

@@ -27,6 +27,7 @@ import socket
 import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError, RlpipeError
@@ -92,14 +93,11 @@ def _fork_workers() -> None:
 
 def _check_dataset(config: ServerConfig) -> None:
     """Refuse a dataset the worker could not open, here, where the error reaches the caller:
-    a worker that fails can only print why and exit."""
-    from pipeline.manifest import Manifest, create_or_check, read_manifest
+    a worker that fails can only print why and exit. (The writer's own rule, run early.)"""
+    from pipeline.writer import open_manifest
 
-    if config.observation_space is None or config.action_space is None:
-        read_manifest(config.data)
-    else:
-        manifest = Manifest(config.observation_space, config.action_space, config.env_id)
-        create_or_check(str(config.data), manifest)
+    open_manifest(str(Path(config.data).resolve()), config.observation_space,
+                  config.action_space, config.env_id)  # fmt: skip
 
 
 def _reserve(host: str, port: int) -> socket.socket:
