@@ -77,7 +77,7 @@ def run_wsgi(load: Callable[[str], WsgiApp], host: str, port: int, threads: int)
                      log_level=LogLevels.error, websockets=False)  # fmt: skip
     server.on_startup(holder.close)  # granian has bound the port by then
     worker = partial(_worker, Granian._spawn_wsgi_worker)
-    server.serve(spawn_target=worker, target_loader=partial(_load, load, url))
+    server.serve(spawn_target=worker, target_loader=partial(_load, load, url, os.getpid()))
 
 
 def _fork_workers() -> None:
@@ -125,8 +125,8 @@ def _reserve(host: str, port: int) -> socket.socket:
     return holder
 
 
-def _load(load: Callable[[str], WsgiApp], url: str, _target: str) -> WsgiApp:
-    _die_with_parent()
+def _load(load: Callable[[str], WsgiApp], url: str, supervisor: int, _target: str) -> WsgiApp:
+    _die_with(supervisor)
     return load(url)
 
 
@@ -153,11 +153,12 @@ def _worker(spawn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
             _SERVICE.pop().close()
 
 
-def _die_with_parent() -> None:
+def _die_with(supervisor: int) -> None:
+    """The worker is killed when ``supervisor`` (its parent, whose pid was taken before the
+    fork) dies, and at once if it has died already."""
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the supervisor died before the call took effect
+    if os.getppid() != supervisor:  # it died before the call took effect
         os.kill(os.getpid(), signal.SIGKILL)
