@@ -220,13 +220,23 @@ def _nothing_done(error: BaseException) -> bool:
 
 def _replay(step: ColumnStep, episodes: list[Episode]) -> ColumnAnswer | None:
     """The answer a retried single-episode request already got, or None to run it."""
-    if len(episodes) != 1 or step.requests[0] is None:
+    if len(episodes) != 1:
         return None
-    episode, request = episodes[0], step.requests[0]
+    answer = replayed_answer(episodes[0], step.requests[0])
+    if answer is None:
+        return None
+    return ColumnAnswer([answer.get("action")], [answer.get("action_logp")],
+                        answer.get("policy_version"), [answer])  # fmt: skip
+
+
+def replayed_answer(episode: Episode, request: int | None) -> dict[str, Any] | None:
+    """For a numbered request: the answer it already got if it is a retry, None if it is the
+    next one, a 409 if it is neither (both step paths keep this one rule)."""
+    if request is None:
+        return None
     if episode.last_request is not None and episode.last_request[0] == request:
         answer: dict[str, Any] = episode.last_request[1]
-        return ColumnAnswer([answer.get("action")], [answer.get("action_logp")],
-                            answer.get("policy_version"), [answer])  # fmt: skip
+        return answer
     if request != episode.requests + 1:
         raise ApiError(409, f"field 'request': expected {episode.requests + 1} (the next request "
                             f"of episode '{episode.episode_id}'), got {request}")  # fmt: skip

@@ -28,7 +28,7 @@ from pipeline import checks, schema
 from pipeline.errors import DatasetError, SchemaError
 from pipeline.recorder import Episode, Pending, Row
 from pipeline.writer import DatasetWriter
-from server.columns import ColumnStepper
+from server.columns import ColumnStepper, replayed_answer
 from server.combiner import Combiner
 from server.config import ServerConfig
 from server.episodes import EpisodeBook, ended_message
@@ -115,7 +115,7 @@ class Service:
             for item in items:
                 if item.episode.ended:
                     raise ApiError(409, ended_message(item.episode.episode_id))
-            replayed = [_replay(item) for item in items]
+            replayed = [replayed_answer(item.episode, item.request) for item in items]
             if all(r is not None for r in replayed):
                 return [r for r in replayed if r is not None]
             results = self._step(items)
@@ -243,19 +243,6 @@ def _batch(table_schema: pa.Schema, rows: list[Row]) -> Any:
         return checks.batch_from_rows(table_schema, rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError):
         return schema.rows_to_columns(rows)
-
-
-def _replay(item: StepItem) -> dict[str, Any] | None:
-    episode = item.episode
-    if item.request is None:
-        return None
-    if episode.last_request is not None and episode.last_request[0] == item.request:
-        replayed: dict[str, Any] = episode.last_request[1]
-        return replayed
-    if item.request != episode.requests + 1:
-        raise ApiError(409, f"field 'request': expected {episode.requests + 1} (the next request "
-                            f"of episode '{episode.episode_id}'), got {item.request}")  # fmt: skip
-    return None
 
 
 def _completed_rows(item: StepItem) -> list[Row]:
