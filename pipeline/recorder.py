@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -154,8 +155,23 @@ class Episode:
             self.agent(agent_id).terminated = self.agent(agent_id).terminated or flag
         self.last_seen = time.monotonic()
 
-    def summary_rows(self, end_reason: str) -> list[Row]:
-        """One episodes-table row per agent; an agent's own termination wins over the reason."""
+    def summary_rows(self, end_reason: str, uncommitted: Sequence[Row] = ()) -> list[Row]:
+        """One episodes-table row per agent; an agent's own termination wins over the reason.
+
+        ``uncommitted``: step rows of this episode written with the summaries but not yet
+        committed to its state (a server writes both in one append, then commits); they count
+        as if they were.
+        """
+        summaries = self._summary_rows(end_reason)
+        for summary in summaries:
+            mine = [row for row in uncommitted if row["agent_id"] == summary["agent_id"]]
+            summary["length"] += len(mine)
+            summary["return"] += sum(row["reward"] for row in mine)
+            if any(row["terminated"] for row in mine):
+                summary["end_reason"] = "terminated"
+        return summaries
+
+    def _summary_rows(self, end_reason: str) -> list[Row]:
         now = datetime.now(UTC)
         agents = self.agents or {layout.DEFAULT_AGENT_ID: AgentState()}
         return [

@@ -135,7 +135,11 @@ class ColumnStepper:
         actions, logp, version = service.runner.act_array(observations[acting])
         done = [i for i, state in enumerate(states) if state.pending is not None]
         rows = self._rows(done, episodes, states, observations, rewards, infos, ends)
-        service.write_rows(rows, _summaries(episodes, states, rewards, ends))
+        pending = dict(zip(done, rows, strict=True))  # each episode's row, if it has one
+        summaries = [summary for i, end in enumerate(ends) if end is not None
+                     for summary in episodes[i].summary_rows(end, [pending[i]] if i in pending
+                                                             else [])]  # fmt: skip
+        service.write_rows(rows, summaries)
         now = time.monotonic()
         for i in done:
             states[i].advance(states[i].reward + rewards[i], _terminal(states[i], ends[i]))
@@ -253,24 +257,6 @@ def _answer(episode_id: str, end: str | None, action: Any, logp: float | None,
 
 def _terminal(state: Any, end: str | None) -> bool:
     return end == TERMINATED or bool(state.terminated)
-
-
-def _summaries(episodes: list[Episode], states: list[Any], rewards: list[float],
-               ends: list[str | None]) -> list[dict[str, Any]]:  # fmt: skip
-    """Episodes-table rows of the episodes that end here, as they will be after the commit."""
-    rows = []
-    for i, end in enumerate(ends):
-        if end is None:
-            continue
-        state = states[i]
-        (summary,) = episodes[i].summary_rows(end)
-        if state.pending is not None:
-            summary["length"] += 1
-            summary["return"] += state.reward + rewards[i]
-            if _terminal(state, end):
-                summary["end_reason"] = TERMINATED
-        rows.append(summary)
-    return rows
 
 
 def _info(given: Any, logged: Any) -> Any:

@@ -136,7 +136,7 @@ class Service:
         for item, item_rows in zip(items, rows, strict=True):
             if item.kind == END:
                 reason = "truncated" if item.truncated else "terminated"
-                summaries += _summaries(item.episode, item_rows, reason)
+                summaries += item.episode.summary_rows(reason, item_rows)
         self._write([row for item_rows in rows for row in item_rows], summaries)
         results = []
         for item, item_rows, pending in zip(items, rows, actions, strict=True):
@@ -154,7 +154,7 @@ class Service:
             if episode.ended:
                 return
             rows = episode.close_rows({}, truncated=True)
-            self._write(rows, _summaries(episode, rows, end_reason))
+            self._write(rows, episode.summary_rows(end_reason, rows))
             episode.commit(rows, {})
             self.episodes.finish(episode)
 
@@ -259,18 +259,6 @@ def _completed_rows(item: StepItem) -> list[Row]:
         if row["agent_id"] not in observed
     ]  # fmt: skip
     return rows
-
-
-def _summaries(episode: Episode, rows: list[Row], end_reason: str) -> list[Row]:
-    """Episode rows as they will be once ``rows`` are committed (commit happens after the write)."""
-    summaries = episode.summary_rows(end_reason)
-    for summary in summaries:
-        mine = [row for row in rows if row["agent_id"] == summary["agent_id"]]
-        summary["length"] += len(mine)
-        summary["return"] += sum(row["reward"] for row in mine)
-        if any(row["terminated"] for row in mine):
-            summary["end_reason"] = "terminated"
-    return summaries
 
 
 def _add_unobserved_rewards(item: StepItem) -> None:
