@@ -43,7 +43,7 @@ def batch_from_rows(schema: pa.Schema, rows: Sequence[Mapping[str, Any]]) -> pa.
         cached = _STRUCTS[id(schema)] = (schema, pa.struct(list(schema)))
     texts = [name for name in _JSON_FIELDS if name in schema.names]
     complete = [
-        {**row, "logged_at": now, **{name: _json_text(row[name]) for name in texts}} for row in rows
+        {**row, "logged_at": now, **{name: json_text(row[name]) for name in texts}} for row in rows
     ]
     # one conversion of all rows as structs: a third of the cost of one pa.array per column
     array = pa.array(complete, type=cached[1])
@@ -54,7 +54,8 @@ _JSON_FIELDS = ("info", "reset_options")
 _STRUCTS: dict[int, tuple[pa.Schema, pa.DataType]] = {}  # schema id -> (schema, its struct)
 
 
-def _json_text(value: Any) -> str | None:
+def json_text(value: Any) -> str | None:
+    """An info or reset-options value as the JSON text stored (text must be JSON already)."""
     if value is None:
         return None
     if isinstance(value, str):

@@ -8,6 +8,7 @@ version). A dataset looks like::
       steps/date=2026-11-22/part-<writer>-<seq>.parquet
       episodes/date=2026-11-22/part-<writer>-<seq>.parquet
       _wal/<writer>/<table>-<seq>.arrows             write-ahead log of uncommitted rows
+      _wal/<writer>/<table>-<seq>.rows               the same, as JSON lines (server steps)
 
 Names starting with ``_`` or ``.`` are invisible to ``pyarrow.dataset`` discovery, which is how
 readers never see the log or a shard still being written.
@@ -40,7 +41,7 @@ META_ACTION_SPACE = b"rlpipe.action_space"
 META_TABLE = b"rlpipe.table"
 
 _SHARD_RE = re.compile(r"^part-(?P<writer>[A-Za-z0-9]+)-(?P<seq>\d{8})\.parquet$")
-_SEGMENT_RE = re.compile(r"^(?P<table>[a-z]+)-(?P<seq>\d{8})\.arrows$")
+_SEGMENT_RE = re.compile(r"^(?P<table>[a-z]+)-(?P<seq>\d{8})\.(?P<kind>arrows|rows)$")
 
 
 def shard_name(writer_id: str, seq: int) -> str:
@@ -57,13 +58,19 @@ def parse_shard_name(name: str) -> tuple[str, int] | None:
     return (match["writer"], int(match["seq"])) if match else None
 
 
-def segment_name(table: str, seq: int) -> str:
-    return f"{table}-{seq:08d}.arrows"
+def segment_name(table: str, seq: int, rows: bool = False) -> str:
+    """An Arrow IPC segment, or with ``rows`` a segment of JSON row lines (``pipeline.rowlog``)."""
+    return f"{table}-{seq:08d}.{'rows' if rows else 'arrows'}"
 
 
 def parse_segment_name(name: str) -> tuple[str, int] | None:
     match = _SEGMENT_RE.match(name)
     return (match["table"], int(match["seq"])) if match else None
+
+
+def segments(directory: Path) -> list[Path]:
+    """The log segments of both kinds in a writer's log directory, in name order."""
+    return sorted(p for p in directory.glob("*") if parse_segment_name(p.name))
 
 
 def wal_root(root: str) -> Path:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import layout
+from pipeline import layout, rowlog
 from pipeline.shard import find_shard, first_date, write_shard
 from pipeline.wal import read_segment
 
@@ -52,7 +52,10 @@ def recover(path: str | Path) -> list[Recovered]:
 def pending_segments(path: str | Path) -> list[Path]:
     """Log segments not yet committed (of live or dead writers); ``rlpipe inspect`` reports them."""
     base = layout.wal_root(str(path))
-    return sorted(base.glob("*/*.arrows")) if base.is_dir() else []
+    if not base.is_dir():
+        return []
+    return [segment for directory in sorted(base.iterdir()) if directory.is_dir()
+            for segment in layout.segments(directory)]  # fmt: skip
 
 
 def _recover_dir(root: str, directory: Path) -> list[Recovered]:
@@ -68,16 +71,13 @@ def _recover_dir(root: str, directory: Path) -> list[Recovered]:
         return []  # its writer is alive
     try:
         writer_id = directory.name
-        recovered = [_recover_segment(root, writer_id, segment) for segment in _segments(directory)]
+        recovered = [_recover_segment(root, writer_id, segment)
+                     for segment in layout.segments(directory)]  # fmt: skip
         _remove_stale_tmp(root, writer_id)
         _remove_dir(directory)
         return [item for item in recovered if item is not None]
     finally:
         os.close(fd)
-
-
-def _segments(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob("*.arrows") if layout.parse_segment_name(p.name))
 
 
 def _recover_segment(root: str, writer_id: str, segment: Path) -> Recovered | None:
@@ -88,7 +88,7 @@ def _recover_segment(root: str, writer_id: str, segment: Path) -> Recovered | No
     if find_shard(root, table, writer_id, seq) is not None:
         segment.unlink()
         return None
-    _, batches = read_segment(segment)
+    _, batches = rowlog.read_rows(segment) if segment.suffix == ".rows" else read_segment(segment)
     batches = [batch for batch in batches if batch.num_rows]
     rows = sum(batch.num_rows for batch in batches)
     if rows:

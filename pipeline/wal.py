@@ -4,7 +4,9 @@ A segment is an Arrow IPC stream file (schema message, then one record-batch mes
 written with one ``write`` per append and made durable with ``fsync``. Appends from many threads
 share fsyncs (group commit): a thread whose bytes were covered by another thread's fsync returns
 without its own. After a crash, a segment is read back up to its last complete message; a torn tail
-is what an unacknowledged append left behind, and is dropped.
+is what an unacknowledged append left behind, and is dropped. The server's small validated appends
+go to segments of JSON row lines instead (:mod:`pipeline.rowlog`), which share this class's
+writing and syncing.
 """
 
 from __future__ import annotations
@@ -23,18 +25,21 @@ class Segment:
     release its own lock between them, which is what lets concurrent appends share one fsync.
     """
 
-    def __init__(self, path: Path, schema: pa.Schema, seq: int) -> None:
+    def __init__(
+        self, path: Path, schema: pa.Schema, seq: int, header: bytes | None = None
+    ) -> None:
         self.path = path
+        self.schema = schema
         self.seq = seq
         self.rows = 0
         self.bytes = 0
-        self.batches: list[pa.RecordBatch] = []
+        self._batches: list[pa.RecordBatch] = []
         self._write_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._written = 0  # messages written
         self._synced = 0  # messages known durable
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self.write_message(schema.serialize())
+        self.write_message(schema.serialize() if header is None else header)
         fsync_path(path.parent)  # the segment's directory entry must be durable before any ack
 
     def write(self, batch: pa.RecordBatch) -> int:
@@ -42,10 +47,15 @@ class Segment:
         message = batch.serialize()
         with self._write_lock:
             number = self.write_message(message)
-            self.batches.append(batch)
+            self._batches.append(batch)
             self.rows += batch.num_rows
             self.bytes += message.size
         return number
+
+    @property
+    def batches(self) -> list[pa.RecordBatch]:
+        """Everything written, for the shard: kept in memory, so a commit reads no log."""
+        return self._batches
 
     def sync(self, upto: int) -> None:
         """Return once message ``upto`` is durable, sharing an fsync with other threads."""
@@ -74,7 +84,7 @@ class Segment:
                 os.close(self._fd)
                 self._fd = -1
 
-    def write_message(self, buffer: pa.Buffer) -> int:
+    def write_message(self, buffer: pa.Buffer | bytes) -> int:
         view = memoryview(buffer)
         while view:
             written = os.write(self._fd, view)

@@ -24,7 +24,6 @@ from typing import Any
 import gymnasium as gym
 import pyarrow as pa
 
-from pipeline import checks, schema
 from pipeline.errors import DatasetError, SchemaError
 from pipeline.recorder import Episode, Pending, Row
 from pipeline.writer import DatasetWriter
@@ -216,11 +215,10 @@ class Service:
         """Make step rows and episode summaries durable (values validated on the way in)."""
         started = time.perf_counter()
         if rows:
-            self.writer.append(_batch(self.writer.step_schema, rows), validated=True)
+            self.writer.append_rows(rows, validated=True)
         if summaries:
             try:
-                self.writer.append_episodes(_batch(schema.EPISODE_SCHEMA, summaries),
-                                            validated=True)  # fmt: skip
+                self.writer.append_episodes(summaries, validated=True)
             except SchemaError as error:  # the steps are written: this must not be retried
                 raise DatasetError(f"writing episode summaries failed: {error}") from error
         self.metrics.observe_append(time.perf_counter() - started, len(rows))
@@ -233,16 +231,6 @@ class Service:
                     self.close_episode(episode)
                 except Exception:
                     _log.exception("closing idle episode %s failed", episode.episode_id)
-
-
-def _batch(table_schema: pa.Schema, rows: list[Row]) -> Any:
-    """The rows as one Arrow batch for the writer's fast path (every value in them was
-    validated on the way in), or as columns when one does not convert exactly, so that the
-    writer's validating path names the problem."""
-    try:
-        return checks.batch_from_rows(table_schema, rows)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError):
-        return schema.rows_to_columns(rows)
 
 
 def _completed_rows(item: StepItem) -> list[Row]:

@@ -1,9 +1,13 @@
 """A writer process for the durability tests: appends numbered batches (forever, or ``batches``
-of them), printing each acknowledgement after ``append`` returns, until it is killed or done."""
+of them), printing each acknowledgement after ``append`` returns, until it is killed or done.
+
+``form`` "columns" appends columns of up to 3,000 rows (the Arrow log); "rows" appends validated
+rows a few at a time with an episode summary each, as the server does (the row log)."""
 
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 
 import gymnasium as gym
 import numpy as np
@@ -11,12 +15,16 @@ import numpy as np
 from pipeline import DatasetWriter, WriterConfig
 
 
-def main(path: str, run: int, batches: int = 1_000_000, sync: str = "always") -> None:
+def main(path: str, run: int, batches: int = 1_000_000, sync: str = "always",
+         form: str = "columns") -> None:  # fmt: skip
     rng = np.random.default_rng(run)
     config = WriterConfig(max_rows=5_000, max_age_s=0.05, max_pending_shards=2, sync=sync)
     observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     with DatasetWriter(path, observation_space, gym.spaces.Discrete(2), config=config) as writer:
         for number in range(batches):
+            if form == "rows":
+                _append_rows(writer, f"r{run}-b{number}", int(rng.integers(1, 40)), rng)
+                continue
             rows = int(rng.integers(1, 3_000))
             observations = rng.standard_normal((rows, 4)).astype(np.float32)
             writer.append(
@@ -34,5 +42,24 @@ def main(path: str, run: int, batches: int = 1_000_000, sync: str = "always") ->
             print(f"r{run}-b{number} {rows}", flush=True)
 
 
+def _append_rows(writer: DatasetWriter, name: str, rows: int, rng: np.random.Generator) -> None:
+    observations = rng.standard_normal((rows + 1, 4)).astype(np.float32)
+    writer.append_rows(
+        [{"episode_id": name, "agent_id": "agent0", "t": t, "observation": observations[t],
+          "action": t % 2, "reward": 1.0, "next_observation": observations[t + 1],
+          "terminated": False, "truncated": False, "action_logp": -0.5, "policy_version": 1,
+          "training_enabled": True, "info": None, "client_id": "w"} for t in range(rows)],
+        validated=True,
+    )  # fmt: skip
+    now = datetime.now(UTC)
+    writer.append_episodes(
+        [{"episode_id": name, "agent_id": "agent0", "client_id": "w", "started_at": now,
+          "ended_at": now, "length": rows, "return": float(rows), "end_reason": "terminated",
+          "training_enabled": True}],
+        validated=True,
+    )  # fmt: skip
+    print(f"{name} {rows}", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

@@ -1,0 +1,117 @@
+"""Row segments of the log: validated rows stored exactly as the validating path stores them,
+torn tails dropped, bad values refused, and tables the form does not fit left to Arrow."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from conftest import cartpole_spaces
+
+from pipeline import DatasetWriter, SchemaError, recover, rowlog, schema
+from pipeline.layout import DEFAULT_AGENT_ID
+
+
+def _rows(n: int, episode: str = "e") -> list[dict[str, Any]]:
+    """Steps as the server builds them: numpy observations, every column given."""
+    rng = np.random.default_rng(3)
+    observations = rng.standard_normal((n + 1, 4)).astype(np.float32)
+    return [
+        {"episode_id": episode, "agent_id": DEFAULT_AGENT_ID, "t": t,
+         "observation": observations[t], "action": t % 2, "reward": 1.0 / (t + 3),
+         "next_observation": observations[t + 1], "terminated": t == n - 1, "truncated": False,
+         "action_logp": -0.1 * t, "policy_version": 7 if t else None, "training_enabled": True,
+         "info": {"lives": t} if t % 2 else None, "client_id": "c1"}
+        for t in range(n)
+    ]  # fmt: skip
+
+
+def _summary(episode: str, length: int) -> dict[str, Any]:
+    start = datetime(2026, 11, 23, 5, 0, 0, 123456, tzinfo=UTC)
+    return {"episode_id": episode, "agent_id": DEFAULT_AGENT_ID, "client_id": "c1",
+            "started_at": start, "ended_at": start + timedelta(seconds=2), "length": length,
+            "return": 2.5, "env_id": "CartPole-v1", "seed": 11, "reset_options": {"a": 1},
+            "end_reason": "terminated", "training_enabled": True}  # fmt: skip
+
+
+def _table(path: Path, name: str) -> pa.Table:
+    table = ds.dataset(path / name, format="parquet", partitioning="hive").to_table()
+    return table.drop_columns(["logged_at", "date"]).sort_by([("episode_id", "ascending")])
+
+
+def test_validated_rows_are_stored_as_the_validating_path_stores_them(tmp_path: Path) -> None:
+    rows, summaries = _rows(5, "a") + _rows(3, "b"), [_summary("a", 5), _summary("b", 3)]
+    with DatasetWriter(tmp_path / "checked", *cartpole_spaces()) as writer:
+        writer.append_rows(rows)
+        writer.append_episodes(summaries)
+    with DatasetWriter(tmp_path / "logged", *cartpole_spaces()) as writer:
+        writer.append_rows(rows[:5], validated=True)
+        writer.append_rows(rows[5:], validated=True)
+        writer.append_episodes(summaries, validated=True)
+        segments = sorted(p.name for p in (tmp_path / "logged" / "_wal").glob("*/*"))
+        assert segments == ["LOCK", "episodes-00000000.rows", "steps-00000000.rows"]
+    for name in ("steps", "episodes"):
+        assert _table(tmp_path / "logged", name).equals(_table(tmp_path / "checked", name))
+    stored = _table(tmp_path / "logged", "steps")
+    assert stored.column("observation").to_pylist()[1] == rows[1]["observation"].tolist()
+
+
+def test_a_dead_writers_row_segment_is_recovered_without_its_torn_tail(tmp_path: Path) -> None:
+    table_schema = schema.step_schema(*cartpole_spaces())
+    encoder = rowlog.RowEncoder(table_schema)
+    wal = tmp_path / "_wal" / "deadbeef0000"
+    wal.mkdir(parents=True)
+    (wal / "LOCK").touch()
+    segment = rowlog.RowSegment(wal / "steps-00000000.rows", table_schema, 0)
+    now = 1_795_410_975_201_755
+    for part in (_rows(2, "a"), _rows(3, "b")):
+        segment.write_rows(*encoder.encode(part, now))
+    _, torn = encoder.encode(_rows(4, "c"), now)
+    segment.write_message(torn[:-9])  # the append that was being written when the writer died
+    segment.close()
+    assert [r.rows for r in recover(tmp_path)] == [5]
+    stored = _table(tmp_path, "steps")
+    assert stored.column("episode_id").to_pylist() == ["a"] * 2 + ["b"] * 3
+    assert not list(wal.parent.glob("*/*")), "recovery left the segment behind"
+    logged = ds.dataset(tmp_path / "steps", format="parquet").to_table().column("logged_at")
+    assert logged[0].value == now
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("reward", float("nan"), "row 1, field 'reward': expected finite values, got nan"),
+        ("action_logp", float("-inf"), "row 1, field 'action_logp': expected finite values"),
+        ("info", "{not json", "row 1, field 'info': expected JSON text"),
+    ],
+)  # fmt: skip
+def test_validated_rows_that_fail_the_checks_are_refused_whole(
+    tmp_path: Path, field: str, value: Any, message: str
+) -> None:
+    rows = _rows(3)
+    rows[1][field] = value
+    with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
+        with pytest.raises(SchemaError, match=re.escape(message)):
+            writer.append_rows(rows, validated=True)
+        writer.append_rows(_rows(2, "good"), validated=True)
+    assert _table(tmp_path, "steps").column("episode_id").to_pylist() == ["good", "good"]
+
+
+def test_tables_the_row_form_does_not_fit_stay_arrow(tmp_path: Path) -> None:
+    image = gym.spaces.Box(0, 255, (16, 16), np.uint8)
+    assert rowlog.fits(schema.step_schema(*cartpole_spaces()))
+    assert not rowlog.fits(schema.step_schema(image, gym.spaces.Discrete(2)))
+    rows = [dict(row, observation=np.full((16, 16), t, np.uint8),
+                 next_observation=np.full((16, 16), t + 1, np.uint8))
+            for t, row in enumerate(_rows(3))]  # fmt: skip
+    with DatasetWriter(tmp_path, image, gym.spaces.Discrete(2)) as writer:
+        writer.append_rows(rows, validated=True)
+        assert [p.name for p in (tmp_path / "_wal").glob("*/steps-*")] == ["steps-00000000.arrows"]
+    assert _table(tmp_path, "steps").column("t").to_pylist() == [0, 1, 2]
