@@ -11,15 +11,18 @@ importers), is logged as Arrow (:mod:`pipeline.wal`).
 
 A row segment is a text file: a header line (a JSON object with the table's Arrow schema as the
 base64 of its IPC message), then one line per append, a JSON array of rows, each an array of
-its values in schema order (timestamps as integer microseconds since the epoch, UTC; JSON-text
-columns as strings). JSON carries each float exactly (Python's shortest repr round-trips), and
-a line is written with one ``write`` loop, so a torn tail is an incomplete last line, dropped.
+its values in schema order (timestamps as integer microseconds since the epoch, UTC; fixed-size
+lists as the base64 of their little-endian bytes; JSON-text columns as strings). Both carry each
+value exactly (Python's float repr round-trips), and a line is written with one ``write`` loop,
+so a torn tail is an incomplete last line, dropped. ``docs/format.md`` section 8 is the spec.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import operator
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,15 +58,22 @@ class RowEncoder:
     """Rows of one table (mappings by column name) as value lists and one log line.
 
     The checks are those of the writer's validated appends: no null where the schema allows
-    none, and no NaN or infinity anywhere (JSON refuses them); JSON-text columns must parse.
+    none, no NaN or infinity in a float column (JSON refuses them), JSON text that parses.
     """
 
     def __init__(self, table_schema: pa.Schema) -> None:
         self.names = table_schema.names
-        self._required = [i for i, field in enumerate(table_schema) if not field.nullable]
+        # the non-null scalars (a missing list fails its packing): one tuple, even for one
+        lists = pa.types.is_fixed_size_list
+        required = [i for i, field in enumerate(table_schema)
+                    if not field.nullable and not lists(field.type)]  # fmt: skip
+        self._required = operator.itemgetter(*required, *required[:1])
         self._texts = [i for i, name in enumerate(self.names) if name in ("info", "reset_options")]
         self._times = [i for i, field in enumerate(table_schema)
                        if pa.types.is_timestamp(field.type)]  # fmt: skip
+        self._lists = [(i, _dtype(field.type), field.type.list_size)
+                       for i, field in enumerate(table_schema)
+                       if pa.types.is_fixed_size_list(field.type)]  # fmt: skip
         self.logged_at = self.names.index("logged_at")
 
     def encode(self, rows: Sequence[Mapping[str, Any]], now: int) -> tuple[list[list[Any]], bytes]:
@@ -74,9 +84,9 @@ class RowEncoder:
             ValueError, TypeError: a value the checks refuse or JSON cannot carry; the caller
                 then takes a path whose error names the row and field.
         """
-        values = []
+        values, lines = [], []
         for row in rows:
-            value: list[Any] = [row.get(name) for name in self.names]
+            value: list[Any] = list(map(row.get, self.names))
             if value[self.logged_at] is None:
                 value[self.logged_at] = now
             for i in self._times:
@@ -84,11 +94,27 @@ class RowEncoder:
                     value[i] = micros(value[i])
             for i in self._texts:
                 value[i] = json_text(value[i])
-            if any(value[i] is None for i in self._required):
+            if None in self._required(value):
                 raise ValueError("a required value is missing")
             values.append(value)
-        line = json.dumps(values, allow_nan=False, default=_plain, separators=(",", ":"))
-        return values, (line + "\n").encode()
+            line = value.copy()  # lists as the bytes of their values: a float's repr costs ~1 us
+            for i, dtype, size in self._lists:
+                line[i] = _packed(value[i], dtype, size)
+            lines.append(line)
+        text = json.dumps(lines, allow_nan=False, default=_plain, separators=(",", ":"))
+        return values, (text + "\n").encode()
+
+
+def _dtype(kind: pa.DataType) -> np.dtype[Any]:
+    """The little-endian numpy type of a fixed-size list's values, as the log stores them."""
+    return np.dtype(kind.value_type.to_pandas_dtype()).newbyteorder("<")
+
+
+def _packed(value: Any, dtype: np.dtype[Any], size: int) -> str:
+    array = np.asarray(value, dtype)
+    if array.size != size:
+        raise ValueError(f"expected {size} values, got {array.size}")
+    return binascii.b2a_base64(array.tobytes(), newline=False).decode("ascii")
 
 
 def micros(moment: datetime) -> int:
@@ -141,8 +167,11 @@ def to_batch(table_schema: pa.Schema, values: Sequence[Sequence[Any]]) -> pa.Rec
 
 
 def _column(kind: pa.DataType, column: Sequence[Any]) -> pa.Array:
-    if pa.types.is_fixed_size_list(kind):  # numpy arrays in memory, lists after recovery
-        flat = np.asarray(column, kind.value_type.to_pandas_dtype())
+    if pa.types.is_fixed_size_list(kind):  # arrays or lists in memory, packed text in the log
+        dtype = _dtype(kind)
+        unpacked = [np.frombuffer(binascii.a2b_base64(value), dtype) if isinstance(value, str)
+                    else value for value in column]  # fmt: skip
+        flat = np.asarray(unpacked, dtype)
         if flat.shape != (len(column), kind.list_size):
             raise ValueError(f"expected lists of {kind.list_size} values, got shape {flat.shape}")
         return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), kind.list_size)
