@@ -74,9 +74,16 @@ def validated_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch 
     if not batch.schema.equals(schema):
         return None
     required, floats = _checked_columns(schema)
-    if any(batch.column(i).null_count for i in required):
+    if any(_has_nulls(batch.column(i)) for i in required):
         return None
     return batch if all(_all_finite(batch.column(i)) for i in floats) else None
+
+
+def _has_nulls(column: pa.Array) -> bool:
+    """Nulls in the column, or among a fixed-size list's values (an observation with a hole)."""
+    if column.null_count:
+        return True
+    return pa.types.is_fixed_size_list(column.type) and bool(column.flatten().null_count)
 
 
 def _checked_columns(schema: pa.Schema) -> tuple[list[int], list[int]]:

@@ -257,7 +257,7 @@ class InputReader:
         return batch.to_torch(self.config.device) if self.config.device is not None else batch
 
     def _sequential(self, chunks: Iterator[pa.RecordBatch | None]) -> Iterator[Batch]:
-        """Batches in shard order (each writer's in commit order); a short batch only at the end,
+        """Batches in shard order (each writer's as it opened them); a short batch only at the end,
         or when a follow catches up.
 
         Batches are views into each converted chunk; only a batch that straddles two chunks is

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import operator
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.checks import json_text
+from pipeline.errors import DatasetError
 from pipeline.wal import Segment
 
 MAX_LIST = 64  # values in a fixed-size list column: beyond it, Arrow's cost per row wins
@@ -54,55 +54,126 @@ def _fits(kind: pa.DataType) -> bool:
                                        pa.types.is_timestamp))  # fmt: skip
 
 
-class RowEncoder:
-    """Rows of one table (mappings by column name) as value lists and one log line.
+Columns = list[list[Any]]  # an append's checked values, column by column in schema order
 
-    The checks are those of the writer's validated appends: no null where the schema allows
-    none, no NaN or infinity in a float column (JSON refuses them), JSON text that parses.
+
+class RowEncoder:
+    """Rows of one table (mappings by column name) as checked columns and one log line.
+
+    Every value is checked against its column's Arrow type here, a column at a time, so that a
+    line accepted now always becomes Arrow later, at commit or in recovery (a value that JSON
+    carries but Arrow refuses would otherwise stop every later writer of the dataset). The
+    other checks are those of the writer's validated appends: no null where the schema allows
+    none, no NaN or infinity in a float column, JSON text that parses. ``logged_at`` is always
+    the writer's clock.
     """
 
     def __init__(self, table_schema: pa.Schema) -> None:
         self.names = table_schema.names
-        # the non-null scalars (a missing list fails its packing): one tuple, even for one
-        lists = pa.types.is_fixed_size_list
-        required = [i for i, field in enumerate(table_schema)
-                    if not field.nullable and not lists(field.type)]  # fmt: skip
-        self._required = operator.itemgetter(*required, *required[:1])
-        self._texts = [i for i, name in enumerate(self.names) if name in ("info", "reset_options")]
-        self._times = [i for i, field in enumerate(table_schema)
-                       if pa.types.is_timestamp(field.type)]  # fmt: skip
-        self._lists = [(i, _dtype(field.type), field.type.list_size)
-                       for i, field in enumerate(table_schema)
-                       if pa.types.is_fixed_size_list(field.type)]  # fmt: skip
         self.logged_at = self.names.index("logged_at")
+        self._plan = [(i, field.name, "text" if field.name in _TEXTS else _kind(field.type),
+                       not field.nullable) for i, field in enumerate(table_schema)]  # fmt: skip
+        self._lists = {i: (_dtype(field.type), field.type.list_size)
+                       for i, field in enumerate(table_schema)
+                       if pa.types.is_fixed_size_list(field.type)}  # fmt: skip
 
-    def encode(self, rows: Sequence[Mapping[str, Any]], now: int) -> tuple[list[list[Any]], bytes]:
-        """(values of each row, the line); ``now`` (microseconds) stamps rows without
-        ``logged_at``.
+    def encode(self, rows: Sequence[Mapping[str, Any]], now: int) -> tuple[Columns, bytes]:
+        """The append's checked columns (lists as the bytes of their values) and its line,
+        stamped ``now`` (microseconds since the epoch).
 
         Raises:
-            ValueError, TypeError: a value the checks refuse or JSON cannot carry; the caller
-                then takes a path whose error names the row and field.
+            ValueError, TypeError: a value the checks refuse; the caller then takes a path
+                whose error names the row and field.
         """
-        values, lines = [], []
-        for row in rows:
-            value: list[Any] = list(map(row.get, self.names))
-            if value[self.logged_at] is None:
-                value[self.logged_at] = now
-            for i in self._times:
-                if isinstance(value[i], datetime):
-                    value[i] = micros(value[i])
-            for i in self._texts:
-                value[i] = json_text(value[i])
-            if None in self._required(value):
-                raise ValueError("a required value is missing")
-            values.append(value)
-            line = value.copy()  # lists as the bytes of their values: a float's repr costs ~1 us
-            for i, dtype, size in self._lists:
-                line[i] = _packed(value[i], dtype, size)
-            lines.append(line)
-        text = json.dumps(lines, allow_nan=False, default=_plain, separators=(",", ":"))
-        return values, (text + "\n").encode()
+        columns: Columns = []
+        written: Columns = []
+        for i, name, kind, required in self._plan:
+            stamped = i == self.logged_at
+            values: list[Any] = [now] * len(rows) if stamped else [row.get(name) for row in rows]
+            if kind in _TYPES:
+                types = set(map(type, values))
+                if not types <= _TYPES[kind] or (required and _NONE in types):
+                    values = self._scalars(i, kind, required, values)
+                elif kind == "int" and not _in_range(values, _NONE in types):
+                    raise ValueError(f"column {name!r}: beyond int64")
+            elif kind == "list":
+                values = self._packed(i, values)
+            elif kind == "text":
+                values = [json_text(value) for value in values]
+            elif not stamped:  # a time
+                values = [None if value is None else micros(value) for value in values]
+            columns.append(values)
+            written.append([_text(value) for value in values] if kind == "list" else values)
+        text = json.dumps([list(row) for row in zip(*written, strict=True)], allow_nan=False,
+                          ensure_ascii=False, separators=(",", ":"))  # fmt: skip
+        return columns, (text + "\n").encode()  # strict UTF-8: a lone surrogate is refused
+
+    def _scalars(self, i: int, kind: str, required: bool, values: list[Any]) -> list[Any]:
+        """Scalars of another type than the column's (numpy's are taken as their value), or
+        TypeError; a missing required value is ValueError."""
+        values = [value.item() if isinstance(value, np.generic) else value for value in values]
+        if kind == "float":  # an int reward is its float (an int's repr is not a float's)
+            values = [float(value) if type(value) is int else value for value in values]
+        types = set(map(type, values))
+        if required and _NONE in types:
+            raise ValueError(f"column {self.names[i]!r}: a value is required")
+        if not types <= _TYPES[kind]:
+            raise TypeError(f"column {self.names[i]!r}: expected {kind} values")
+        if kind == "int" and not _in_range(values, _NONE in types):
+            raise ValueError(f"column {self.names[i]!r}: beyond int64")
+        return values
+
+    def _packed(self, i: int, values: list[Any]) -> list[bytes]:
+        """Each list as the little-endian bytes of exactly ``list_size`` numbers."""
+        dtype, size = self._lists[i]
+        try:
+            raw = np.asarray(values)  # one array for the append; a None makes it an object array
+        except ValueError:  # lists of different shapes: each on its own
+            return [self._packed(i, [value])[0] for value in values]
+        if raw.size != size * len(values) or raw.dtype.kind not in (
+            "fiu" if dtype.kind == "f" else "iu"):  # fmt: skip
+            if raw.dtype.kind == "O" and len(values) > 1:  # shapes differ, or a None among them
+                return [self._packed(i, [value])[0] for value in values]
+            raise ValueError(f"column {self.names[i]!r}: expected lists of {size} numbers")
+        data = raw.astype(dtype, copy=False).tobytes()  # float64 values of float32: rounded
+        step = len(data) // max(len(values), 1)
+        return [data[start : start + step] for start in range(0, len(data), step)]
+
+
+def _in_range(values: list[Any], nulls: bool) -> bool:
+    present = [value for value in values if value is not None] if nulls else values
+    return not present or (min(present) >= _MIN and max(present) <= _MAX)
+
+
+def _text(packed: bytes) -> str:
+    return binascii.b2a_base64(packed, newline=False).decode("ascii")
+
+
+_TEXTS = ("info", "reset_options")  # JSON text: objects are written as text, text must parse
+_NONE = type(None)
+_TYPES: dict[str, set[type]] = {"int": {int, _NONE}, "float": {float, _NONE},
+                                 "bool": {bool, _NONE}, "str": {str, _NONE}}  # fmt: skip
+_MIN, _MAX = -(2**63), 2**63 - 1  # int64
+
+
+def _kind(kind: pa.DataType) -> str:
+    if pa.types.is_fixed_size_list(kind):
+        return "list"
+    if pa.types.is_timestamp(kind):
+        return "time"
+    if pa.types.is_string(kind):
+        return "str"
+    if pa.types.is_boolean(kind):
+        return "bool"
+    return "int" if pa.types.is_integer(kind) else "float"
+
+
+def micros(moment: datetime) -> int:
+    """A timestamp as integer microseconds since the epoch (exact, unlike ``timestamp()``)."""
+    if not isinstance(moment, datetime):
+        raise TypeError(f"a {type(moment).__name__} is not a datetime")
+    delta = moment - _EPOCH  # TypeError for a naive datetime: its zone is unknown
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def _dtype(kind: pa.DataType) -> np.dtype[Any]:
@@ -110,89 +181,71 @@ def _dtype(kind: pa.DataType) -> np.dtype[Any]:
     return np.dtype(kind.value_type.to_pandas_dtype()).newbyteorder("<")
 
 
-def _packed(value: Any, dtype: np.dtype[Any], size: int) -> str:
-    array = np.asarray(value, dtype)
-    if array.size != size:
-        raise ValueError(f"expected {size} values, got {array.size}")
-    return binascii.b2a_base64(array.tobytes(), newline=False).decode("ascii")
-
-
-def micros(moment: datetime) -> int:
-    """A timestamp as integer microseconds since the epoch (exact, unlike ``timestamp()``)."""
-    delta = moment - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not a JSON value")
-
-
 class RowSegment(Segment):
-    """A log segment of row lines; its shard is built from the rows kept in memory."""
+    """A log segment of row lines; its shard is built from the checked columns of its appends,
+    kept in memory (a CartPole step: 317 bytes held for its 141 in the log, 114 as Arrow)."""
 
     def __init__(self, path: Path, table_schema: pa.Schema, seq: int) -> None:
         schema_text = base64.b64encode(table_schema.serialize().to_pybytes()).decode()
         header = json.dumps({"format": _HEADER, "schema": schema_text}) + "\n"
         super().__init__(path, table_schema, seq, header.encode())
-        self._values: list[list[Any]] = []
+        self._columns: Columns = [[] for _ in table_schema]
 
-    def write_rows(self, values: list[list[Any]], line: bytes) -> int:
+    def write_rows(self, columns: Columns, line: bytes) -> int:
         """Write one append's line (it survives whole or not at all); returns its number."""
         with self._write_lock:
             number = self.write_message(line)
-            self._values += values
-            self.rows += len(values)
+            for kept, column in zip(self._columns, columns, strict=True):
+                kept += column
+            self.rows += len(columns[0])
             self.bytes += len(line)
         return number
 
     @property
     def batches(self) -> list[pa.RecordBatch]:
         with self._write_lock:
-            values = list(self._values)
-        return [to_batch(self.schema, values)] if values else []
+            columns = [list(column) for column in self._columns]
+        return [to_batch(self.schema, columns)] if columns[0] else []
 
 
-def to_batch(table_schema: pa.Schema, values: Sequence[Sequence[Any]]) -> pa.RecordBatch:
-    """Rows of values in schema order as one batch of the table.
-
-    Raises:
-        pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError: a value of the wrong type.
-    """
-    columns = list(zip(*values, strict=True))
+def to_batch(table_schema: pa.Schema, columns: Columns) -> pa.RecordBatch:
+    """Checked columns (as :meth:`RowEncoder.encode` makes them) as one batch of the table."""
     arrays = [_column(field.type, column) for field, column in zip(table_schema, columns,
                                                                    strict=True)]  # fmt: skip
     return pa.RecordBatch.from_arrays(arrays, schema=table_schema)
 
 
-def _column(kind: pa.DataType, column: Sequence[Any]) -> pa.Array:
-    if pa.types.is_fixed_size_list(kind):  # arrays or lists in memory, packed text in the log
-        dtype = _dtype(kind)
-        unpacked = [np.frombuffer(binascii.a2b_base64(value), dtype) if isinstance(value, str)
-                    else value for value in column]  # fmt: skip
-        flat = np.asarray(unpacked, dtype)
-        if flat.shape != (len(column), kind.list_size):
-            raise ValueError(f"expected lists of {kind.list_size} values, got shape {flat.shape}")
-        return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), kind.list_size)
+def _column(kind: pa.DataType, column: list[Any]) -> pa.Array:
+    if pa.types.is_fixed_size_list(kind):
+        flat = np.frombuffer(b"".join(column), _dtype(kind))
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat), kind.list_size)
     return pa.array(column, type=kind)
 
 
 def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
     """Every complete append of a row segment, dropping a torn tail; (None, []) if the header
-    is torn."""
+    is torn.
+
+    Raises:
+        DatasetError: a complete header this code does not know (another format, or damage):
+            its rows must not be dropped as if torn.
+    """
     lines = path.read_bytes().split(b"\n")
+    if len(lines) < 2:
+        return None, []  # no complete header: the writer died creating the segment
     try:
-        header = json.loads(lines[0]) if len(lines) > 1 else None
-    except json.JSONDecodeError:
-        header = None
-    if not isinstance(header, dict) or header.get("format") != _HEADER:
-        return None, []
-    table_schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(header["schema"])))
-    values: list[Any] = []
-    for line in lines[1:-1]:  # the last piece follows the last newline: empty, or torn
-        try:
-            values += json.loads(line)
-        except json.JSONDecodeError:
-            break  # cannot happen before the last line, which one write made whole or not
-    return table_schema, [to_batch(table_schema, values)] if values else []
+        header = json.loads(lines[0])
+        if header.get("format") != _HEADER:
+            raise ValueError(header.get("format"))
+        table_schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(header["schema"])))
+    except (ValueError, TypeError, KeyError, AttributeError, pa.ArrowInvalid) as error:
+        raise DatasetError(f"{path}: not a row segment this rlpipe reads ({error!r}); it is "
+                           "left in place") from None  # fmt: skip
+    rows = [row for line in lines[1:-1] for row in json.loads(line)]  # the last piece: torn
+    if not rows:
+        return table_schema, []
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    for i, field in enumerate(table_schema):
+        if pa.types.is_fixed_size_list(field.type):
+            columns[i] = [binascii.a2b_base64(text) for text in columns[i]]
+    return table_schema, [to_batch(table_schema, columns)]

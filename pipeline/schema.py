@@ -269,7 +269,20 @@ def _convert_json(field: pa.Field, values: Any) -> pa.Array:
             raise SchemaError.single(
                 field.name, "JSON-serializable data", str(error), row
             ) from None
-    return pa.array(texts, type=pa.string())
+    try:
+        return pa.array(texts, type=pa.string())
+    except UnicodeEncodeError as error:  # a lone surrogate: JSON text carries it, UTF-8 cannot
+        row = next(i for i, text in enumerate(texts) if text is not None and not text.isascii()
+                   and _not_utf8(text))  # fmt: skip
+        raise SchemaError.single(field.name, "UTF-8 text", error.reason, row) from None
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _check_json_text(name: str, text: str, row: int) -> None:

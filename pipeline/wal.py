@@ -37,6 +37,7 @@ class Segment:
         self._write_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._written = 0  # messages written
+        self.broken = False  # a write failed part way: this file takes no more messages
         self._synced = 0  # messages known durable
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self.write_message(schema.serialize() if header is None else header)
@@ -85,10 +86,18 @@ class Segment:
                 self._fd = -1
 
     def write_message(self, buffer: pa.Buffer | bytes) -> int:
+        """Append one message. After a failed write (a full disk) the file ends in part of a
+        message, a torn tail that only an end of file may hold: no more go after it."""
+        if self.broken:
+            raise OSError(f"{self.path}: an earlier write failed part way; roll the segment")
         view = memoryview(buffer)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except BaseException:
+            self.broken = True
+            raise
         self._written += 1
         return self._written
 

@@ -43,7 +43,7 @@ class WriterConfig:
 
     Attributes:
         max_rows: rows per shard before it rolls.
-        max_bytes: bytes of Arrow data per shard before it rolls.
+        max_bytes: bytes of log data (Arrow, or row lines) per shard before it rolls.
         max_age_s: seconds a shard stays open; bounds how stale a following reader can be.
         row_group_rows: Parquet row group size; smaller groups prune and shuffle better.
         max_pending_shards: rolled shards waiting to be written before appends wait.
@@ -85,7 +85,7 @@ def _rows_batch(table_schema: pa.Schema, rows: Sequence[Mapping[str, Any]]) -> A
     validating path then names it)."""
     try:
         return checks.batch_from_rows(table_schema, rows)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError):
+    except (pa.ArrowException, TypeError, ValueError, KeyError, OverflowError):
         return None
 
 
@@ -336,19 +336,16 @@ class DatasetWriter:
         table = self._row_tables.get(name)
         if table is None or table.encoder is None or not rows:
             return None
+        now = time.time_ns() // 1000
         try:
-            values, line = table.encoder.encode(rows, time.time_ns() // 1000)
-            segment = table.segment
-            if segment is None or not segment.rows:  # a value of a wrong type fails here, once
-                rowlog.to_batch(table.schema, values[:1])  # per segment, not at its commit
-        except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError):
+            columns, line = table.encoder.encode(rows, now)
+        except (ValueError, TypeError):
             return None
-        date = date_of(values[0][table.encoder.logged_at])
 
         def write(segment: Segment) -> int:  # the row table opens only row segments
-            return cast(rowlog.RowSegment, segment).write_rows(values, line)
+            return cast(rowlog.RowSegment, segment).write_rows(columns, line)
 
-        return self._write(table, date, len(values), write)
+        return self._write(table, date_of(now), len(rows), write)
 
     def _write(self, table: _Table, date: str, rows: int, write: Callable[[Segment], int]) -> int:
         """One append to the table's open segment (rolled first if its date has passed)."""
@@ -359,8 +356,8 @@ class DatasetWriter:
             return 0
         rolled = None
         with table.lock:
-            if table.segment is not None and table.date != date:
-                rolled = (table.detach(), table.date)
+            if table.segment is not None and (table.date != date or table.segment.broken):
+                rolled = (table.detach(), table.date)  # a broken one: its written rows commit
             segment = table.segment or table.open_segment(date)
             mine = write(segment)
             if segment.rows >= self.config.max_rows or segment.bytes >= self.config.max_bytes:

@@ -71,7 +71,12 @@ def _stored(path: Path) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(
     ("sync", "form", "rounds"),
-    [("always", "columns", ROUNDS), ("background", "columns", 8), ("background", "rows", 8)],
+    [
+        ("always", "columns", ROUNDS),
+        ("background", "columns", 8),
+        ("always", "rows", 6),
+        ("background", "rows", 6),
+    ],
 )
 def test_sigkill_loses_no_acknowledged_row(
     tmp_path: Path, sync: str, form: str, rounds: int

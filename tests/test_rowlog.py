@@ -3,6 +3,8 @@ torn tails dropped, bad values refused, and tables the form does not fit left to
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +17,7 @@ import pyarrow.dataset as ds
 import pytest
 from conftest import cartpole_spaces
 
-from pipeline import DatasetWriter, SchemaError, recover, rowlog, schema
+from pipeline import DatasetError, DatasetWriter, SchemaError, recover, rowlog, schema
 from pipeline.layout import DEFAULT_AGENT_ID
 
 
@@ -115,3 +117,92 @@ def test_tables_the_row_form_does_not_fit_stay_arrow(tmp_path: Path) -> None:
         writer.append_rows(rows, validated=True)
         assert [p.name for p in (tmp_path / "_wal").glob("*/steps-*")] == ["steps-00000000.arrows"]
     assert _table(tmp_path, "steps").column("t").to_pylist() == [0, 1, 2]
+
+
+BAD_VALUES = [
+    ("episode_id", "e\ud800"),  # a lone surrogate: JSON carries it, UTF-8 and Arrow do not
+    ("info", '{"x": "\ud800"}'),
+    ("t", 2**63),
+    ("reward", "1.5"),
+    ("terminated", 1),
+    ("observation", None),
+    ("observation", [0.1, 0.2, 0.3]),
+    ("observation", [0.1, None, 0.3, 0.4]),
+    ("next_observation", "abcd"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_VALUES, ids=[f"{f}={v!r}" for f, v in BAD_VALUES])
+def test_a_value_arrow_cannot_take_never_reaches_the_log(
+    tmp_path: Path, field: str, value: Any
+) -> None:
+    """Accepted into the log but refused by Arrow at commit, a row would fail the commit and
+    then every recovery of the dataset: each such value must be refused at the append."""
+    rows = _rows(3, "bad")
+    rows[2][field] = value  # not the segment's first row, nor the append's
+    with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
+        writer.append_rows(_rows(2, "first"), validated=True)
+        with pytest.raises(SchemaError):
+            writer.append_rows(rows, validated=True)
+        writer.append_rows(_rows(1, "after"), validated=True)
+    with DatasetWriter(tmp_path) as writer:
+        assert writer.recovered == []
+    assert _table(tmp_path, "steps").column("episode_id").to_pylist() == ["after"] + ["first"] * 2
+
+
+def test_an_episode_row_arrow_cannot_take_never_reaches_the_log(tmp_path: Path) -> None:
+    summary = dict(_summary("b", 1), started_at=np.datetime64("2026-11-23T05:00:00.123456789"))
+    with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
+        writer.append_episodes([_summary("a", 1)], validated=True)
+        with pytest.raises(SchemaError):
+            writer.append_episodes([summary], validated=True)
+    assert _table(tmp_path, "episodes").column("episode_id").to_pylist() == ["a"]
+
+
+def test_lists_of_either_shape_and_reused_buffers_are_stored_as_appended(tmp_path: Path) -> None:
+    """A float Box(2, 2): the columnar step path hands (2, 2) arrays, the general one flat
+    lists; a caller may refill its array once the append returns."""
+    space = gym.spaces.Box(-1, 1, (2, 2), np.float32)
+    buffer = np.zeros((2, 2), np.float32)
+    stored = []
+    with DatasetWriter(tmp_path, space, gym.spaces.Discrete(2)) as writer:
+        for t in range(3):
+            buffer[:] = t / 4
+            flat = (buffer + 0.5).reshape(-1).tolist()
+            row = dict(_rows(1, f"e{t}")[0], observation=buffer, next_observation=flat)
+            writer.append_rows([row], validated=True)
+            stored.append(buffer.reshape(-1).tolist())
+        assert [p.suffix for p in (tmp_path / "_wal").glob("*/steps-*")] == [".rows"]
+    table = _table(tmp_path, "steps")
+    assert table.column("observation").to_pylist() == stored
+    assert table.column("next_observation").to_pylist()[2] == [1.0] * 4
+
+
+def test_an_unknown_row_segment_stops_recovery_and_stays(tmp_path: Path) -> None:
+    segment = tmp_path / "_wal" / "deadbeef0000" / "steps-00000000.rows"
+    segment.parent.mkdir(parents=True)
+    (segment.parent / "LOCK").touch()
+    segment.write_bytes(b'{"format": "rlpipe-rows-v9"}\n[["e"]]\n')
+    with pytest.raises(DatasetError, match="not a row segment this rlpipe reads"):
+        recover(tmp_path)
+    assert segment.exists(), "rows a later rlpipe wrote must not be dropped as torn"
+
+
+def test_a_write_that_fails_part_way_rolls_the_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk mid-append: that append fails, the acknowledged ones and later ones land."""
+    with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
+        writer.append_rows(_rows(2, "a"), validated=True)
+        real_write = os.write
+
+        def full_disk(fd: int, data: Any) -> int:
+            real_write(fd, bytes(data)[:7])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            writer.append_rows(_rows(2, "b"), validated=True)
+        monkeypatch.setattr(os, "write", real_write)
+        writer.append_rows(_rows(2, "c"), validated=True)
+    assert _table(tmp_path, "steps").column("episode_id").to_pylist() == ["a"] * 2 + ["c"] * 2
