@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 
 from pipeline import layout, spaces
 from pipeline.errors import DatasetError, FormatVersionError
+from pipeline.schema import step_schema
 from pipeline.wal import fsync_path
 
 
@@ -131,3 +132,24 @@ def create_or_check(root: str, manifest: Manifest) -> Manifest:
             "Write to a new directory."
         )
     return existing
+
+
+def open_manifest(
+    root: str,
+    observation_space: gym.Space[Any] | None,
+    action_space: gym.Space[Any] | None,
+    env_id: str | None,
+) -> Manifest:
+    """The manifest a writer with these spaces may write under: the dataset's own when no spaces
+    are given, else a new one, or the existing one if it agrees.
+
+    Raises:
+        SpaceError: a space the format cannot store (refused before any file is made).
+        DatasetError: no manifest and no spaces, only one space, or spaces the dataset differs from.
+    """
+    if observation_space is None or action_space is None:
+        if observation_space is not None or action_space is not None:
+            raise DatasetError("give both observation_space and action_space, or neither")
+        return read_manifest(root)
+    step_schema(observation_space, action_space)  # refuse bad spaces before any file
+    return create_or_check(root, Manifest(observation_space, action_space, env_id))

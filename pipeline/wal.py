@@ -11,11 +11,14 @@ writing and syncing.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 from pathlib import Path
 
 import pyarrow as pa
+
+from pipeline import layout
 
 
 class Segment:
@@ -100,6 +103,34 @@ class Segment:
             raise
         self._written += 1
         return self._written
+
+
+def claim_log_dir(base: Path, writer_id: str) -> tuple[int, Path]:
+    """Lock a fresh log directory for a writer: (the lock's descriptor, the directory). A
+    recovering writer tells a live writer's log by its lock (docs/format.md section 8)."""
+    base.mkdir(parents=True, exist_ok=True)
+    staging = base / f".new-{writer_id}"
+    staging.mkdir()
+    fd = os.open(staging / layout.WAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    final = base / writer_id
+    staging.rename(final)
+    fsync_path(base)  # the rename must survive a power cut, not just a kill
+    return fd, final
+
+
+def release_log_dir(fd: int, directory: Path, keep: bool) -> None:
+    """Remove a log after a clean flush; after a failed commit (``keep``), leave it for recovery.
+
+    Closing the lock's descriptor drops the ``flock`` either way, which is what tells the next
+    writer (or ``recover``) that these segments belong to nobody and must be committed.
+    """
+    if not keep:
+        for leftover in layout.segments(directory):
+            leftover.unlink()  # only empty segments remain after a clean flush
+        (directory / layout.WAL_LOCK).unlink(missing_ok=True)
+        directory.rmdir()
+    os.close(fd)
 
 
 def fsync_path(path: str | Path) -> None:

@@ -12,9 +12,7 @@ background thread rolls the log segment into a Parquet shard when it reaches ``m
 
 from __future__ import annotations
 
-import fcntl
 import itertools
-import os
 import queue
 import secrets
 import threading
@@ -29,10 +27,10 @@ import pyarrow as pa
 
 from pipeline import checks, layout, rowlog, schema
 from pipeline.errors import ConfigError, DatasetError
-from pipeline.manifest import Manifest, create_or_check, read_manifest
+from pipeline.manifest import open_manifest
 from pipeline.recovery import recover
 from pipeline.shard import date_of, first_date, write_shard
-from pipeline.wal import Segment, fsync_path
+from pipeline.wal import Segment, claim_log_dir, release_log_dir
 
 Columns: TypeAlias = Mapping[str, Any] | pa.RecordBatch | pa.Table
 
@@ -159,7 +157,7 @@ class DatasetWriter:
         )
         self.writer_id = secrets.token_hex(6)
         self.recovered = recover(self.root)
-        self._lock_fd, wal_dir = self._claim_wal_dir()
+        self._lock_fd, wal_dir = claim_log_dir(layout.wal_root(self.root), self.writer_id)
         schemas = {layout.STEPS: step_schema, layout.EPISODES: schema.EPISODE_SCHEMA}
         seqs = {name: itertools.count() for name in schemas}
         self._tables = {name: _Table(name, table_schema, wal_dir, seqs[name])
@@ -285,39 +283,13 @@ class DatasetWriter:
             self._pending.put(None)
             self._committer.join()
             self._ticker.join()
-            self._release_wal_dir()
+            release_log_dir(self._lock_fd, self._wal_dir, keep=self._failure is not None)
 
     def __enter__(self) -> DatasetWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _claim_wal_dir(self) -> tuple[int, Path]:
-        """Lock a fresh log directory; a recovering writer can tell a live writer by its lock."""
-        base = layout.wal_root(self.root)
-        base.mkdir(parents=True, exist_ok=True)
-        staging = base / f".new-{self.writer_id}"
-        staging.mkdir()
-        fd = os.open(staging / layout.WAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        final = base / self.writer_id
-        staging.rename(final)
-        fsync_path(base)  # the rename must survive a power cut, not just a kill
-        return fd, final
-
-    def _release_wal_dir(self) -> None:
-        """Remove the log after a clean flush; after a failed commit, keep it for recovery.
-
-        Closing the lock's descriptor drops the ``flock`` either way, which is what tells the
-        next writer (or ``recover``) that these segments belong to nobody and must be committed.
-        """
-        if self._failure is None:
-            for leftover in layout.segments(self._wal_dir):
-                leftover.unlink()  # only empty segments remain after a clean flush
-            (self._wal_dir / layout.WAL_LOCK).unlink(missing_ok=True)
-            self._wal_dir.rmdir()
-        os.close(self._lock_fd)
 
     def _to_batch(self, data: Columns, build: Any) -> pa.RecordBatch:
         if isinstance(data, pa.Table):
@@ -428,24 +400,3 @@ class DatasetWriter:
                 f"{self.root}: committing a shard failed ({self._failure!r}); acknowledged rows "
                 "are safe in the log and a new writer on this directory will recover them"
             ) from self._failure
-
-
-def open_manifest(
-    root: str,
-    observation_space: gym.Space[Any] | None,
-    action_space: gym.Space[Any] | None,
-    env_id: str | None,
-) -> Manifest:
-    """The manifest a writer with these spaces may write under: the dataset's own when no spaces
-    are given, else a new one, or the existing one if it agrees.
-
-    Raises:
-        SpaceError: a space the format cannot store (refused before any file is made).
-        DatasetError: no manifest and no spaces, only one space, or spaces the dataset differs from.
-    """
-    if observation_space is None or action_space is None:
-        if observation_space is not None or action_space is not None:
-            raise DatasetError("give both observation_space and action_space, or neither")
-        return read_manifest(root)
-    schema.step_schema(observation_space, action_space)  # refuse bad spaces before any file
-    return create_or_check(root, Manifest(observation_space, action_space, env_id))
