@@ -4,7 +4,7 @@ Every step a server acknowledges is in the log first, and most of its appends ho
 dozen rows. Made into an Arrow record batch, checked and serialized, such an append cost ~370 us
 of CPU in a step's request path (pyarrow's fixed cost per call, with caches cold between
 requests): more than half of the whole step. Written as one JSON line of values in column order
-it costs ~20 us, and the shard is built from the rows in bulk when the segment rolls, off the
+it costs ~20-30 us, and the shard is built from the rows in bulk when the segment rolls, off the
 request path. Only tables whose columns are all scalars or short fixed-size lists of numbers take
 this form (the Box observations of simulators); any other table, and every Arrow batch (uploads,
 importers), is logged as Arrow (:mod:`pipeline.wal`).
@@ -34,7 +34,7 @@ from pipeline.checks import json_text
 from pipeline.errors import DatasetError
 from pipeline.wal import Segment
 
-MAX_LIST = 64  # values in a fixed-size list column: beyond it, Arrow's cost per row wins
+MAX_LIST = 64  # values in a fixed-size list column; larger ones (images) are logged as Arrow
 _HEADER = "rlpipe-rows"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -241,7 +241,13 @@ def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
     except (ValueError, TypeError, KeyError, AttributeError, pa.ArrowInvalid) as error:
         raise DatasetError(f"{path}: not a row segment this rlpipe reads ({error!r}); it is "
                            "left in place") from None  # fmt: skip
-    rows = [row for line in lines[1:-1] for row in json.loads(line)]  # the last piece: torn
+    rows = []
+    for number, line in enumerate(lines[1:-1], 2):  # the piece after the last newline: torn
+        try:
+            rows += json.loads(line)
+        except ValueError:  # a complete line cannot be torn: damage, which must not pass quietly
+            raise DatasetError(f"{path}: line {number} is not a row record; the segment is "
+                               "left in place") from None  # fmt: skip
     if not rows:
         return table_schema, []
     columns = [list(column) for column in zip(*rows, strict=True)]

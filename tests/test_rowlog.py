@@ -206,3 +206,17 @@ def test_a_write_that_fails_part_way_rolls_the_segment(
         monkeypatch.setattr(os, "write", real_write)
         writer.append_rows(_rows(2, "c"), validated=True)
     assert _table(tmp_path, "steps").column("episode_id").to_pylist() == ["a"] * 2 + ["c"] * 2
+
+
+def test_a_damaged_complete_line_stops_recovery_and_stays(tmp_path: Path) -> None:
+    table_schema = schema.step_schema(*cartpole_spaces())
+    wal = tmp_path / "_wal" / "deadbeef0000"
+    wal.mkdir(parents=True)
+    (wal / "LOCK").touch()
+    segment = rowlog.RowSegment(wal / "steps-00000000.rows", table_schema, 0)
+    segment.write_rows(*rowlog.RowEncoder(table_schema).encode(_rows(2), 1))
+    segment.write_message(b"[[not json]]\n")  # complete, so not a torn tail
+    segment.close()
+    with pytest.raises(DatasetError, match="line 3 is not a row record"):
+        recover(tmp_path)
+    assert segment.path.exists()
