@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import operator
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,7 +73,10 @@ class RowEncoder:
         self.names = table_schema.names
         self.logged_at = self.names.index("logged_at")
         self._plan = [(i, field.name, "text" if field.name in _TEXTS else _kind(field.type),
-                       not field.nullable) for i, field in enumerate(table_schema)]  # fmt: skip
+                       not field.nullable) for i, field in enumerate(table_schema)
+                      if i != self.logged_at]  # fmt: skip
+        self._names_given = [name for _, name, _, _ in self._plan]
+        self._given = operator.itemgetter(*self._names_given)
         self._lists = {i: (_dtype(field.type), field.type.list_size)
                        for i, field in enumerate(table_schema)
                        if pa.types.is_fixed_size_list(field.type)}  # fmt: skip
@@ -85,27 +89,32 @@ class RowEncoder:
             ValueError, TypeError: a value the checks refuse; the caller then takes a path
                 whose error names the row and field.
         """
+        try:  # all columns given (the server's rows): one C call a row, then columns
+            given = list(zip(*map(self._given, rows), strict=True))
+        except KeyError:
+            given = [tuple(row.get(name) for row in rows) for name in self._names_given]
         columns: Columns = []
-        written: Columns = []
-        for i, name, kind, required in self._plan:
-            stamped = i == self.logged_at
-            values: list[Any] = [now] * len(rows) if stamped else [row.get(name) for row in rows]
+        written: list[Any] = []
+        for (i, name, kind, required), values in zip(self._plan, given, strict=True):
+            checked: list[Any] = list(values)
             if kind in _TYPES:
-                types = set(map(type, values))
+                types = set(map(type, checked))
                 if not types <= _TYPES[kind] or (required and _NONE in types):
-                    values = self._scalars(i, kind, required, values)
-                elif kind == "int" and not _in_range(values, _NONE in types):
+                    checked = self._scalars(i, kind, required, checked)
+                elif kind == "int" and not _in_range(checked, _NONE in types):
                     raise ValueError(f"column {name!r}: beyond int64")
             elif kind == "list":
-                values = self._packed(i, values)
+                checked = self._packed(i, checked)
             elif kind == "text":
-                values = [json_text(value) for value in values]
-            elif not stamped:  # a time
-                values = [None if value is None else micros(value) for value in values]
-            columns.append(values)
-            written.append([_text(value) for value in values] if kind == "list" else values)
-        text = json.dumps([list(row) for row in zip(*written, strict=True)], allow_nan=False,
-                          ensure_ascii=False, separators=(",", ":"))  # fmt: skip
+                checked = [json_text(value) for value in checked]
+            else:  # a time
+                checked = [None if value is None else micros(value) for value in checked]
+            columns.append(checked)
+            written.append([_text(value) for value in checked] if kind == "list" else checked)
+        columns.insert(self.logged_at, [now] * len(rows))
+        written.insert(self.logged_at, columns[self.logged_at])
+        text = json.dumps(list(zip(*written, strict=True)), allow_nan=False, ensure_ascii=False,
+                          separators=(",", ":"))  # fmt: skip
         return columns, (text + "\n").encode()  # strict UTF-8: a lone surrogate is refused
 
     def _scalars(self, i: int, kind: str, required: bool, values: list[Any]) -> list[Any]:
