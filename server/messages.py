@@ -180,9 +180,16 @@ def _required(doc: dict[str, Any], key: str, prefix: str) -> Any:
 
 
 def _reward(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise bad_request(name, "a finite number", repr(value))
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+        raise bad_request(name, "a finite number", repr(value)[:40])
     return float(value)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
 
 
 def optional_int(doc: dict[str, Any], key: str) -> int | None:
@@ -245,11 +252,10 @@ def column_batch(doc: dict[str, Any], space: gym.Space[Any]) -> tuple[ColumnStep
     if not isinstance(ids, list) or not ids:
         raise bad_request("episode_ids", "a non-empty list of episode ids", type(ids).__name__)
     n = len(ids)
-    episode_ids = [episode_id_of(value, f"episode_ids[{i}]") for i, value in enumerate(ids)]
+    episode_ids = ids if _plain_ids(ids) else [
+        episode_id_of(value, f"episode_ids[{i}]") for i, value in enumerate(ids)]  # fmt: skip
     observations = box_batch(space, _column(doc, "observations", n, None, True), "observations")
-    rewards = [
-        _reward(value, f"rewards[{i}]") for i, value in enumerate(_column(doc, "rewards", n, 0.0))
-    ]
+    rewards = _rewards(_column(doc, "rewards", n, 0.0))
     terminated = _flags(doc, "terminated", n)
     truncated = _flags(doc, "truncated", n)
     starts = _column(doc, "starts", n, None)
@@ -304,8 +310,26 @@ def _column(doc: dict[str, Any], key: str, n: int, default: Any,
     return value
 
 
+def _plain_ids(ids: list[Any]) -> bool:
+    """Whether every id is a string of 1 to 200 characters (checked a list at a time: the
+    batch form's rows would spend more on checks made one by one than on their log)."""
+    if set(map(type, ids)) != {str}:
+        return False
+    lengths = list(map(len, ids))
+    return min(lengths) > 0 and max(lengths) <= 200
+
+
+def _rewards(values: list[Any]) -> list[float]:
+    """Finite numbers as floats, else the 400 that names the first bad one."""
+    if set(map(type, values)) <= {float, int} and all(map(_finite, values)):
+        return [float(value) for value in values]
+    return [_reward(value, f"rewards[{i}]") for i, value in enumerate(values)]
+
+
 def _flags(doc: dict[str, Any], key: str, n: int) -> list[bool]:
     flags = _column(doc, key, n, False)
+    if set(map(type, flags)) <= {bool}:
+        return flags
     for i, flag in enumerate(flags):
         if not isinstance(flag, bool):
             raise bad_request(f"{key}[{i}]", "true or false", repr(flag))

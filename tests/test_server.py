@@ -106,6 +106,11 @@ def _bad_cases(url: str) -> list[tuple[str, dict[str, Any], int, str]]:
          "body: expected finite numbers, got NaN"),
         (ep, {"json": {"observation": OBS, "reward": "1"}}, 400,
          "field 'reward': expected a finite number, got '1'"),
+        (ep, {"json": {"observation": OBS, "reward": 10**400}}, 400,
+         "field 'reward': expected a finite number, got 1" + "0" * 39),
+        ("/v1/actions", {"json": {"episode_ids": ["e1"], "observations": [OBS],
+                                  "rewards": [10**400]}}, 400,
+         "field 'rewards[0]': expected a finite number, got 1" + "0" * 39),
         (ep, {"json": {}}, 400,
          "field 'observation': expected an observation (or 'observations' keyed by agent id), "
          "got nothing"),
