@@ -101,7 +101,7 @@ class RowEncoder:
                 types = set(map(type, checked))
                 if not types <= _TYPES[kind] or (required and _NONE in types):
                     checked = self._scalars(i, kind, required, checked)
-                elif kind == "int" and not _in_range(checked, _NONE in types):
+                if kind == "int" and not _in_range(checked):
                     raise ValueError(f"column {name!r}: beyond int64")
             elif kind == "list":
                 checked = self._packed(i, checked)
@@ -128,8 +128,6 @@ class RowEncoder:
             raise ValueError(f"column {self.names[i]!r}: a value is required")
         if not types <= _TYPES[kind]:
             raise TypeError(f"column {self.names[i]!r}: expected {kind} values")
-        if kind == "int" and not _in_range(values, _NONE in types):
-            raise ValueError(f"column {self.names[i]!r}: beyond int64")
         return values
 
     def _packed(self, i: int, values: list[Any]) -> list[bytes]:
@@ -137,20 +135,20 @@ class RowEncoder:
         dtype, size = self._lists[i]
         try:
             raw = np.asarray(values)  # one array for the append; a None makes it an object array
-        except ValueError:  # lists of different shapes: each on its own
-            return [self._packed(i, [value])[0] for value in values]
-        if raw.size != size * len(values) or raw.dtype.kind not in (
+        except ValueError:  # lists of different shapes
+            raw = None
+        if len(values) > 1 and (raw is None or raw.dtype.kind == "O"):
+            return [self._packed(i, [value])[0] for value in values]  # each on its own
+        if raw is None or raw.size != size * len(values) or raw.dtype.kind not in (
             "fiu" if dtype.kind == "f" else "iu"):  # fmt: skip
-            if raw.dtype.kind == "O" and len(values) > 1:  # shapes differ, or a None among them
-                return [self._packed(i, [value])[0] for value in values]
             raise ValueError(f"column {self.names[i]!r}: expected lists of {size} numbers")
         data = raw.astype(dtype, copy=False).tobytes()  # float64 values of float32: rounded
         step = len(data) // max(len(values), 1)
         return [data[start : start + step] for start in range(0, len(data), step)]
 
 
-def _in_range(values: list[Any], nulls: bool) -> bool:
-    present = [value for value in values if value is not None] if nulls else values
+def _in_range(values: list[Any]) -> bool:
+    present = [value for value in values if value is not None]
     return not present or (min(present) >= _MIN and max(present) <= _MAX)
 
 
