@@ -12,7 +12,9 @@ importers), is logged as Arrow (:mod:`pipeline.wal`).
 A row segment is a text file: a header line (a JSON object with the table's Arrow schema as the
 base64 of its IPC message), then one line per append, a JSON array of rows, each an array of
 its values in schema order (timestamps as integer microseconds since the epoch, UTC; fixed-size
-lists as the base64 of their little-endian bytes; JSON-text columns as strings). Both carry each
+lists as the base64 of their little-endian bytes; JSON-text columns as strings), or, for an
+append given column by column, a JSON object of its columns, each its values or, for numbers
+without nulls, the base64 of all their bytes (no decimal text to write). Both carry each
 value exactly (Python's float repr round-trips), and a line is written with one ``write`` loop,
 so a torn tail is an incomplete last line, dropped. ``docs/format.md`` section 8 is the spec.
 """
@@ -22,7 +24,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import operator
+import struct
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -80,6 +84,8 @@ class RowEncoder:
         self._lists = {i: (_dtype(field.type), field.type.list_size)
                        for i, field in enumerate(table_schema)
                        if pa.types.is_fixed_size_list(field.type)}  # fmt: skip
+        self._codes = {i: _STRUCT.get(_dtype(table_schema.field(i).type).str[1:])
+                       for i, _, kind, _ in self._plan if kind in _PACKED}  # fmt: skip
 
     def encode(self, rows: Sequence[Mapping[str, Any]], now: int) -> tuple[Columns, bytes]:
         """The append's checked columns (lists as the bytes of their values) and its line,
@@ -95,27 +101,82 @@ class RowEncoder:
             given = [tuple(row.get(name) for row in rows) for name in self._names_given]
         columns: Columns = []
         written: list[Any] = []
-        for (i, name, kind, required), values in zip(self._plan, given, strict=True):
-            checked: list[Any] = list(values)
-            if kind in _TYPES:
-                types = set(map(type, checked))
-                if not types <= _TYPES[kind] or (required and _NONE in types):
-                    checked = self._scalars(i, kind, required, checked)
-                if kind == "int" and not _in_range(checked):
-                    raise ValueError(f"column {name!r}: beyond int64")
-            elif kind == "list":
-                checked = self._packed(i, checked)
-            elif kind == "text":
-                checked = [json_text(value) for value in checked]
-            else:  # a time
-                checked = [None if value is None else micros(value) for value in checked]
+        for (i, _, kind, required), values in zip(self._plan, given, strict=True):
+            checked = self._checked(i, kind, required, list(values))
             columns.append(checked)
             written.append([_text(value) for value in checked] if kind == "list" else checked)
         columns.insert(self.logged_at, [now] * len(rows))
         written.insert(self.logged_at, columns[self.logged_at])
-        text = json.dumps(list(zip(*written, strict=True)), allow_nan=False, ensure_ascii=False,
-                          separators=(",", ":"))  # fmt: skip
-        return columns, (text + "\n").encode()  # strict UTF-8: a lone surrogate is refused
+        return columns, _line(list(zip(*written, strict=True)))
+
+    def encode_columns(self, given: Mapping[str, Any], now: int) -> tuple[Columns, bytes]:
+        """:meth:`encode` for an append given column by column (the server's vectorized steps):
+        a column of numbers without nulls is checked and packed at once and written as the
+        base64 of its bytes, sparing the decimal text of each value; any other column as its
+        values. A fixed-size list column is kept as one piece of bytes for the whole append.
+
+        Raises:
+            ValueError, TypeError, KeyError: as :meth:`encode`, or a missing column.
+        """
+        n = len(given[self._names_given[0]])
+        columns: Columns = []
+        written: list[Any] = []
+        for i, name, kind, required in self._plan:
+            values = given[name]
+            if len(values) != n:
+                raise ValueError(f"column {name!r}: {len(values)} values, expected {n}")
+            packed = self._pack(i, kind, values, n)
+            if packed is None:
+                checked = self._checked(i, kind, required, list(values))
+                columns.append(checked)
+                written.append([_text(value) for value in checked] if kind == "list" else checked)
+            else:
+                columns.append([packed] if kind == "list" else values)
+                written.append(_text(packed))
+        columns.insert(self.logged_at, [now] * n)
+        written.insert(self.logged_at, columns[self.logged_at])
+        return columns, _line({"n": n, "columns": written})
+
+    def _checked(self, i: int, kind: str, required: bool, values: list[Any]) -> list[Any]:
+        """One column's values checked against its type, as the segment keeps them."""
+        if kind in _TYPES:
+            types = set(map(type, values))
+            if not types <= _TYPES[kind] or (required and _NONE in types):
+                values = self._scalars(i, kind, required, values)
+            if kind == "int" and not _in_range(values):
+                raise ValueError(f"column {self.names[i]!r}: beyond int64")
+            return values
+        if kind == "list":
+            return self._packed(i, values)
+        if kind == "text":
+            return [json_text(value) for value in values]
+        return [None if value is None else micros(value) for value in values]  # a time
+
+    def _pack(self, i: int, kind: str, values: Any, n: int) -> bytes | None:
+        """A column of numbers as the little-endian bytes of its values (lists: of their
+        items), or None when it holds anything else (nulls, numpy scalars): checked value by
+        value. Scalars are packed by ``struct``, which refuses what does not fit the type; a
+        scalar column must be a list of Python numbers of exactly the column's kind."""
+        if kind == "list":
+            try:
+                raw = np.asarray(values)
+            except ValueError:  # lists of different shapes
+                return None
+            dtype, size = self._lists[i]
+            if raw.dtype.kind not in _ACCEPTS[dtype.kind] or raw.shape[:1] != (n,) or (
+                raw.size != n * size):  # fmt: skip
+                return None
+            return raw.astype(dtype, copy=False).tobytes()
+        code = self._codes.get(i)
+        if code is None or not isinstance(values, list) or not set(map(type, values)) <= (
+            _PACKED[kind]):  # fmt: skip
+            return None
+        if kind == "float" and not math.isfinite(sum(values)):
+            raise ValueError(f"column {self.names[i]!r}: NaN or infinity")
+        try:
+            return struct.pack(f"<{n}{code}", *values)
+        except struct.error:
+            raise ValueError(f"column {self.names[i]!r}: beyond its type") from None
 
     def _scalars(self, i: int, kind: str, required: bool, values: list[Any]) -> list[Any]:
         """Scalars of another type than the column's (numpy's are taken as their value), or
@@ -147,6 +208,11 @@ class RowEncoder:
         return [data[start : start + step] for start in range(0, len(data), step)]
 
 
+def _line(value: Any) -> bytes:
+    text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return (text + "\n").encode()  # strict UTF-8: a lone surrogate is refused
+
+
 def _in_range(values: list[Any]) -> bool:
     present = [value for value in values if value is not None]
     return not present or (min(present) >= _MIN and max(present) <= _MAX)
@@ -156,6 +222,22 @@ def _text(packed: bytes) -> str:
     return binascii.b2a_base64(packed, newline=False).decode("ascii")
 
 
+_ACCEPTS = {"i": "iu", "u": "iu", "f": "fiu"}  # numpy kinds a list column's items may have
+_PACKED: dict[str, set[type]] = {"int": {int}, "float": {float, int}, "bool": {bool}}
+# a numpy type (after its byte order) as a struct code
+_STRUCT = {
+    "i8": "q",
+    "i4": "i",
+    "i2": "h",
+    "i1": "b",
+    "u8": "Q",
+    "u4": "I",
+    "u2": "H",
+    "u1": "B",
+    "f8": "d",
+    "f4": "f",
+    "b1": "?",
+}
 _TEXTS = ("info", "reset_options")  # JSON text: objects are written as text, text must parse
 _NONE = type(None)
 _TYPES: dict[str, set[type]] = {"int": {int, _NONE}, "float": {float, _NONE},
@@ -184,8 +266,11 @@ def micros(moment: datetime) -> int:
 
 
 def _dtype(kind: pa.DataType) -> np.dtype[Any]:
-    """The little-endian numpy type of a fixed-size list's values, as the log stores them."""
-    return np.dtype(kind.value_type.to_pandas_dtype()).newbyteorder("<")
+    """The little-endian numpy type of a column's values (a fixed-size list's: of its items), as
+    the log stores them."""
+    if pa.types.is_fixed_size_list(kind):
+        kind = kind.value_type
+    return np.dtype(kind.to_pandas_dtype()).newbyteorder("<")
 
 
 class RowSegment(Segment):
@@ -197,6 +282,7 @@ class RowSegment(Segment):
         header = json.dumps({"format": _HEADER, "schema": schema_text}) + "\n"
         super().__init__(path, table_schema, seq, header.encode())
         self._columns: Columns = [[] for _ in table_schema]
+        self._stamps = table_schema.get_field_index("logged_at")
 
     def write_rows(self, columns: Columns, line: bytes) -> int:
         """Write one append's line (it survives whole or not at all); returns its number."""
@@ -204,7 +290,7 @@ class RowSegment(Segment):
             number = self.write_message(line)
             for kept, column in zip(self._columns, columns, strict=True):
                 kept += column
-            self.rows += len(columns[0])
+            self.rows += len(columns[self._stamps])  # one stamp a row (lists may be chunks)
             self.bytes += len(line)
         return number
 
@@ -248,17 +334,52 @@ def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
     except (ValueError, TypeError, KeyError, AttributeError, pa.ArrowInvalid) as error:
         raise DatasetError(f"{path}: not a row segment this rlpipe reads ({error!r}); it is "
                            "left in place") from None  # fmt: skip
-    rows = []
+    columns: Columns = [[] for _ in table_schema]
     for number, line in enumerate(lines[1:-1], 2):  # the piece after the last newline: torn
         try:
-            rows += json.loads(line)
-        except ValueError:  # a complete line cannot be torn: damage, which must not pass quietly
+            part = _line_columns(table_schema, json.loads(line))
+            for kept, column in zip(columns, part, strict=True):
+                kept += column
+        except (ValueError, TypeError, KeyError, binascii.Error):
+            # a complete line cannot be torn: damage, which must not pass quietly
             raise DatasetError(f"{path}: line {number} is not a row record; the segment is "
                                "left in place") from None  # fmt: skip
-    if not rows:
-        return table_schema, []
-    columns = [list(column) for column in zip(*rows, strict=True)]
-    for i, field in enumerate(table_schema):
-        if pa.types.is_fixed_size_list(field.type):
+    return table_schema, [to_batch(table_schema, columns)] if columns[0] else []
+
+
+def _line_columns(table_schema: pa.Schema, record: Any) -> Columns:
+    """One line's values column by column, as :meth:`RowEncoder.encode` keeps them."""
+    if isinstance(record, list):  # rows
+        columns = [list(column) for column in zip(*record, strict=True)]
+        texts = [i for i, field in enumerate(table_schema)
+                 if pa.types.is_fixed_size_list(field.type)]  # fmt: skip
+        for i in texts:
             columns[i] = [binascii.a2b_base64(text) for text in columns[i]]
-    return table_schema, [to_batch(table_schema, columns)]
+        return columns
+    n = record["n"]
+    columns = []
+    for field, entry in zip(table_schema, record["columns"], strict=True):
+        if isinstance(entry, list):
+            column = entry if not pa.types.is_fixed_size_list(field.type) else [
+                binascii.a2b_base64(text) for text in entry]  # fmt: skip
+        else:
+            column = _unpacked(field.type, binascii.a2b_base64(entry), n)
+        if len(column) != n:
+            raise ValueError(f"column {field.name!r}: {len(column)} values, expected {n}")
+        columns.append(column)
+    return columns
+
+
+def _unpacked(kind: pa.DataType, data: bytes, n: int) -> list[Any]:
+    """A column written as the bytes of its ``n`` values (lists: of their items)."""
+    dtype, listed = _dtype(kind), pa.types.is_fixed_size_list(kind)
+    size = kind.list_size if listed else 1
+    if len(data) != n * size * dtype.itemsize:
+        raise ValueError(f"{len(data)} bytes for {n} values of {size} {dtype}")
+    if listed:
+        step = size * dtype.itemsize
+        return [data[start : start + step] for start in range(0, len(data), step)]
+    if dtype.kind == "b" and np.frombuffer(data, np.uint8).max(initial=0) > 1:
+        raise ValueError("a boolean that is neither 0 nor 1")
+    values: list[Any] = np.frombuffer(data, dtype).tolist()
+    return values

@@ -201,14 +201,19 @@ class DatasetWriter:
         without copies (:func:`~pipeline.checks.checked_step_batch`). With ``validated=True`` the
         caller promises it validated the values itself (the server: every observation and
         action came through ``codec.to_arrow``); then only the schema, nulls and finite floats
-        are checked. Anything the fast path doubts goes through the full validation, whose
-        error names the row and field.
+        are checked, and a mapping with every column goes to the log as one line
+        (:mod:`pipeline.rowlog`). Anything the fast path doubts goes through the full
+        validation, whose error names the row and field.
 
         Raises:
             SchemaError: naming every bad row and field; nothing of this call is written.
         """
         manifest = self.manifest
         batch = _as_batch(steps)
+        if batch is None and validated and isinstance(steps, Mapping):
+            written = self._append_row_record(layout.STEPS, steps, columns=True)
+            if written is not None:
+                return written
         if batch is not None and validated:
             batch = checks.validated_batch(batch, self.step_schema)
         elif batch is not None:  # the fast path: already a step batch, checked without copies
@@ -303,21 +308,23 @@ class DatasetWriter:
         date = first_date(batch) if batch.num_rows else ""
         return self._write(table, date, batch.num_rows, lambda s: s.write(batch))
 
-    def _append_row_record(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int | None:
-        """Log validated rows as a row record; None when this table or these rows cannot be."""
+    def _append_row_record(self, name: str, data: Any, columns: bool = False) -> int | None:
+        """Log validated rows (or, with ``columns``, a mapping of columns) as a row record; None
+        when this table or these values cannot be."""
         table = self._row_tables.get(name)
-        if table is None or table.encoder is None or not rows:
+        if table is None or table.encoder is None or not data:
             return None
         now = time.time_ns() // 1000
+        encode = table.encoder.encode_columns if columns else table.encoder.encode
         try:
-            columns, line = table.encoder.encode(rows, now)
-        except (ValueError, TypeError):
+            checked, line = encode(data, now)
+        except (ValueError, TypeError, KeyError):
             return None
 
         def write(segment: Segment) -> int:  # the row table opens only row segments
-            return cast(rowlog.RowSegment, segment).write_rows(columns, line)
+            return cast(rowlog.RowSegment, segment).write_rows(checked, line)
 
-        return self._write(table, date_of(now), len(rows), write)
+        return self._write(table, date_of(now), len(checked[table.encoder.logged_at]), write)
 
     def _write(self, table: _Table, date: str, rows: int, write: Callable[[Segment], int]) -> int:
         """One append to the table's open segment (rolled first if its date has passed)."""

@@ -134,22 +134,25 @@ class ColumnStepper:
         ]  # fmt: skip
         actions, logp, version = service.runner.act_array(observations[acting])
         done = [i for i, state in enumerate(states) if state.pending is not None]
-        rows = self._rows(done, episodes, states, observations, rewards, infos, ends)
-        pending = dict(zip(done, rows, strict=True))  # each episode's row, if it has one
-        summaries = [summary for i, end in enumerate(ends) if end is not None
-                     for summary in episodes[i].summary_rows(end, [pending[i]] if i in pending
-                                                             else [])]  # fmt: skip
-        service.write_rows(rows, summaries)
+        written = self._columns(done, episodes, states, observations, rewards, infos, ends)
+        summaries = [
+            summary
+            for i, end in enumerate(ends)
+            if end is not None
+            for summary in episodes[i].summary_rows(end, _mine(i, done, written))
+        ]
+        service.write_rows(written, summaries)
         now = time.monotonic()
-        for i in done:
-            states[i].advance(states[i].reward + rewards[i], _terminal(states[i], ends[i]))
+        for i, reward, terminal in zip(done, written["reward"], written["terminated"],
+                                       strict=True):  # fmt: skip
+            states[i].advance(reward, terminal)
         for n, i in enumerate(acting):
             states[i].pending = Pending(observations[i], actions[n], logp[n], version)
         for episode in episodes:
             episode.last_seen = now
         return self._answers(steps, episodes, acting, actions, logp, version)
 
-    def _rows(
+    def _columns(
         self,
         done: list[int],
         episodes: list[Episode],
@@ -158,30 +161,33 @@ class ColumnStepper:
         rewards: list[float],
         infos: list[Any],
         ends: list[str | None],
-    ) -> list[dict[str, Any]]:
-        """The step rows the new observations complete. (Rows, not columns: one conversion of
-        all rows as Arrow structs costs less than one ``pa.array`` per column up to ~100 rows.)"""
-        rows = []
-        for i in done:
-            state, episode, end = states[i], episodes[i], ends[i]
-            pending, terminal = state.pending, _terminal(state, end)
-            rows.append({
-                "episode_id": episode.episode_id,
-                "agent_id": _AGENT,
-                "t": state.t,
-                "observation": pending.observation,
-                "action": pending.action,
-                "reward": state.reward + rewards[i],
-                "next_observation": observations[i],
-                "terminated": terminal,
-                "truncated": end == TRUNCATED and not terminal,
-                "action_logp": pending.action_logp,
-                "policy_version": pending.policy_version,
-                "training_enabled": episode.training_enabled,
-                "info": _info(infos[i], state.info),
-                "client_id": episode.client_id,
-            })  # fmt: skip
-        return rows
+    ) -> dict[str, Any]:
+        """The step rows the new observations complete, column by column: the writer logs
+        numeric columns as arrays (:meth:`pipeline.rowlog.RowEncoder.encode_columns`)."""
+        mine = [episodes[i] for i in done]
+        agents = [states[i] for i in done]
+        pending = [state.pending for state in agents]
+        closing = [ends[i] for i in done]
+        terminal = [end == TERMINATED or state.terminated
+                    for end, state in zip(closing, agents, strict=True)]  # fmt: skip
+        return {
+            "episode_id": [episode.episode_id for episode in mine],
+            "agent_id": [_AGENT] * len(done),
+            "t": [state.t for state in agents],
+            "observation": [step.observation for step in pending],
+            "action": [step.action for step in pending],
+            "reward": [state.reward + rewards[i] for i, state in zip(done, agents, strict=True)],
+            "next_observation": observations[done],
+            "terminated": terminal,
+            "truncated": [
+                end == TRUNCATED and not t for end, t in zip(closing, terminal, strict=True)
+            ],
+            "action_logp": [step.action_logp for step in pending],
+            "policy_version": [step.policy_version for step in pending],
+            "training_enabled": [episode.training_enabled for episode in mine],
+            "info": [_info(infos[i], state.info) for i, state in zip(done, agents, strict=True)],
+            "client_id": [episode.client_id for episode in mine],
+        }
 
     def _answers(
         self,
@@ -255,8 +261,14 @@ def _answer(episode_id: str, end: str | None, action: Any, logp: float | None,
             "policy_version": None if action is None else version}  # fmt: skip
 
 
-def _terminal(state: Any, end: str | None) -> bool:
-    return end == TERMINATED or bool(state.terminated)
+def _mine(i: int, done: list[int], written: dict[str, Any]) -> list[dict[str, Any]]:
+    """Episode ``i``'s step among the columns being written, as :meth:`Episode.summary_rows`
+    counts it."""
+    if i not in done:
+        return []
+    n = done.index(i)
+    return [{"agent_id": _AGENT, "reward": written["reward"][n],
+             "terminated": written["terminated"][n]}]  # fmt: skip
 
 
 def _info(given: Any, logged: Any) -> Any:

@@ -211,17 +211,24 @@ class Service:
         self.write_rows(rows, summaries)
         return [None] * len(work)
 
-    def write_rows(self, rows: list[Row], summaries: list[Row]) -> None:
-        """Make step rows and episode summaries durable (values validated on the way in)."""
+    def write_rows(self, rows: list[Row] | dict[str, Any], summaries: list[Row]) -> None:
+        """Make step rows (or columns) and episode summaries durable (values validated on the
+        way in)."""
         started = time.perf_counter()
-        if rows:
-            self.writer.append_rows(rows, validated=True)
+        if isinstance(rows, dict):
+            count = len(rows["episode_id"])
+            if count:
+                self.writer.append(rows, validated=True)
+        else:
+            count = len(rows)
+            if count:
+                self.writer.append_rows(rows, validated=True)
         if summaries:
             try:
                 self.writer.append_episodes(summaries, validated=True)
             except SchemaError as error:  # the steps are written: this must not be retried
                 raise DatasetError(f"writing episode summaries failed: {error}") from error
-        self.metrics.observe_append(time.perf_counter() - started, len(rows))
+        self.metrics.observe_append(time.perf_counter() - started, count)
 
     def _reap_loop(self) -> None:
         period = min(self.config.idle_timeout_s / 4, 1.0)

@@ -4,6 +4,7 @@ torn tails dropped, bad values refused, and tables the form does not fit left to
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,13 @@ def _rows(n: int, episode: str = "e") -> list[dict[str, Any]]:
          "info": {"lives": t} if t % 2 else None, "client_id": "c1"}
         for t in range(n)
     ]  # fmt: skip
+
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same steps column by column, as the server's vectorized path hands them."""
+    columns: dict[str, Any] = {name: [row[name] for row in rows] for name in rows[0]}
+    columns["next_observation"] = np.stack(columns["next_observation"])
+    return columns
 
 
 def _summary(episode: str, length: int) -> dict[str, Any]:
@@ -65,22 +73,49 @@ def test_validated_rows_are_stored_as_the_validating_path_stores_them(tmp_path: 
     assert stored.column("observation").to_pylist()[1] == rows[1]["observation"].tolist()
 
 
-def test_a_dead_writers_row_segment_is_recovered_without_its_torn_tail(tmp_path: Path) -> None:
+def test_validated_columns_are_stored_as_the_validating_path_stores_them(tmp_path: Path) -> None:
+    """Numbers packed as bytes, the rest as values; both forms of line share one segment."""
+    rows = _rows(5, "a") + _rows(3, "b") + _rows(2, "c")
+    rows[6]["policy_version"] = None  # a column with a null keeps its values
+    with DatasetWriter(tmp_path / "checked", *cartpole_spaces()) as writer:
+        writer.append_rows(rows)
+    with DatasetWriter(tmp_path / "logged", *cartpole_spaces()) as writer:
+        writer.append(_columns(rows[:5]), validated=True)
+        writer.append_rows(rows[5:8], validated=True)
+        writer.append(_columns(rows[8:]), validated=True)
+        segments = sorted(p.name for p in (tmp_path / "logged" / "_wal").glob("*/*"))
+        assert segments == ["LOCK", "steps-00000000.rows"]
+        lines = next((tmp_path / "logged" / "_wal").glob("*/steps-*")).read_bytes().split(b"\n")
+        assert [line[:1] for line in lines[1:]] == [b"{", b"[", b"{", b""]
+    assert _table(tmp_path / "logged", "steps").equals(_table(tmp_path / "checked", "steps"))
+
+
+@pytest.mark.parametrize("form", ["rows", "columns"])
+def test_a_dead_writers_row_segment_is_recovered_without_its_torn_tail(
+    tmp_path: Path, form: str
+) -> None:
     table_schema = schema.step_schema(*cartpole_spaces())
     encoder = rowlog.RowEncoder(table_schema)
+    encode = encoder.encode if form == "rows" else lambda rows, now: encoder.encode_columns(
+        _columns(rows), now)  # fmt: skip
     wal = tmp_path / "_wal" / "deadbeef0000"
     wal.mkdir(parents=True)
     (wal / "LOCK").touch()
     segment = rowlog.RowSegment(wal / "steps-00000000.rows", table_schema, 0)
     now = 1_795_410_975_201_755
     for part in (_rows(2, "a"), _rows(3, "b")):
-        segment.write_rows(*encoder.encode(part, now))
-    _, torn = encoder.encode(_rows(4, "c"), now)
+        segment.write_rows(*encode(part, now))
+    _, torn = encode(_rows(4, "c"), now)
     segment.write_message(torn[:-9])  # the append that was being written when the writer died
     segment.close()
     assert [r.rows for r in recover(tmp_path)] == [5]
     stored = _table(tmp_path, "steps")
     assert stored.column("episode_id").to_pylist() == ["a"] * 2 + ["b"] * 3
+    expected = pa.Table.from_pylist(_rows(2, "a") + _rows(3, "b"))
+    for name in ("observation", "reward", "terminated", "info", "policy_version"):
+        want = [json.dumps(v) if isinstance(v, dict) else v
+                for v in expected.column(name).to_pylist()]  # fmt: skip
+        assert stored.column(name).to_pylist() == want, name
     assert not list(wal.parent.glob("*/*")), "recovery left the segment behind"
     logged = ds.dataset(tmp_path / "steps", format="parquet").to_table().column("logged_at")
     assert logged[0].value == now
@@ -132,9 +167,10 @@ BAD_VALUES = [
 ]
 
 
+@pytest.mark.parametrize("form", ["rows", "columns"])
 @pytest.mark.parametrize(("field", "value"), BAD_VALUES, ids=[f"{f}={v!r}" for f, v in BAD_VALUES])
 def test_a_value_arrow_cannot_take_never_reaches_the_log(
-    tmp_path: Path, field: str, value: Any
+    tmp_path: Path, field: str, value: Any, form: str
 ) -> None:
     """Accepted into the log but refused by Arrow at commit, a row would fail the commit and
     then every recovery of the dataset: each such value must be refused at the append."""
@@ -143,7 +179,11 @@ def test_a_value_arrow_cannot_take_never_reaches_the_log(
     with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
         writer.append_rows(_rows(2, "first"), validated=True)
         with pytest.raises(SchemaError):
-            writer.append_rows(rows, validated=True)
+            if form == "rows":
+                writer.append_rows(rows, validated=True)
+            else:
+                columns = {name: [row[name] for row in rows] for name in rows[0]}
+                writer.append(columns, validated=True)
         writer.append_rows(_rows(1, "after"), validated=True)
     with DatasetWriter(tmp_path) as writer:
         assert writer.recovered == []
@@ -208,14 +248,19 @@ def test_a_write_that_fails_part_way_rolls_the_segment(
     assert _table(tmp_path, "steps").column("episode_id").to_pylist() == ["a"] * 2 + ["c"] * 2
 
 
-def test_a_damaged_complete_line_stops_recovery_and_stays(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", [b"[[not json]]", b'{"n": 3, "columns": []}', b"packed"])
+def test_a_damaged_complete_line_stops_recovery_and_stays(tmp_path: Path, damage: bytes) -> None:
     table_schema = schema.step_schema(*cartpole_spaces())
     wal = tmp_path / "_wal" / "deadbeef0000"
     wal.mkdir(parents=True)
     (wal / "LOCK").touch()
     segment = rowlog.RowSegment(wal / "steps-00000000.rows", table_schema, 0)
-    segment.write_rows(*rowlog.RowEncoder(table_schema).encode(_rows(2), 1))
-    segment.write_message(b"[[not json]]\n")  # complete, so not a torn tail
+    encoder = rowlog.RowEncoder(table_schema)
+    segment.write_rows(*encoder.encode(_rows(2), 1))
+    if damage == b"packed":  # a packed column one value short
+        _, line = encoder.encode_columns(_columns(_rows(2)), 1)
+        damage = re.sub(rb'"n":2', b'"n":3', line.rstrip(b"\n"))
+    segment.write_message(damage + b"\n")  # complete, so not a torn tail
     segment.close()
     with pytest.raises(DatasetError, match="line 3 is not a row record"):
         recover(tmp_path)
