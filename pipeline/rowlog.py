@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
 from pipeline.checks import json_text
@@ -145,6 +146,8 @@ class RowEncoder:
                 values = self._scalars(i, kind, required, values)
             if kind == "int" and not _in_range(values):
                 raise ValueError(f"column {self.names[i]!r}: beyond int64")
+            if kind == "float" and not math.isfinite(sum(v for v in values if v is not None)):
+                raise ValueError(f"column {self.names[i]!r}: NaN or infinity")
             return values
         if kind == "list":
             return self._packed(i, values)
@@ -209,8 +212,10 @@ class RowEncoder:
 
 
 def _line(value: Any) -> bytes:
-    text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    return (text + "\n").encode()  # strict UTF-8: a lone surrogate is refused
+    """The line of an append's checked values: orjson writes it in a third of json's time, and
+    refuses a lone surrogate (not UTF-8). (It would write NaN as null: floats are checked
+    finite before.)"""
+    return orjson.dumps(value) + b"\n"
 
 
 def _in_range(values: list[Any]) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import orjson
 import pyarrow as pa
 
 from pipeline import codec, layout, spaces
@@ -41,12 +42,20 @@ def parse_json(body: bytes, content_type: str | None) -> dict[str, Any]:
     """The body as a JSON object; NaN and Infinity are refused here, wherever they hide."""
     if (content_type or "").split(";")[0].strip() != JSON_TYPE:
         raise ApiError(415, f"Content-Type: expected {JSON_TYPE}, got {content_type or 'none'}")
+    try:  # orjson parses a step's body in a fifth of the time; what it refuses, json explains
+        return _object(orjson.loads(body or b"{}"))
+    except orjson.JSONDecodeError:
+        pass
     try:
         doc = json.loads(body or b"{}", parse_constant=_refuse_constant)
     except ApiError:
         raise
     except (ValueError, UnicodeDecodeError) as error:
         raise ApiError(400, f"body: expected a JSON object, got malformed JSON ({error})") from None
+    return _object(doc)
+
+
+def _object(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise bad_request("body", "a JSON object", type(doc).__name__)
     return doc

@@ -10,9 +10,10 @@ without a ``Content-Length``) goes to Flask unchanged.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import orjson
 
 from server import handlers
 from server.errors import error_answer
@@ -53,7 +54,7 @@ class FastPath:
             if retry_after is not None:
                 headers.append(("Retry-After", str(retry_after)))
         self.service.metrics.response(status, counts.steps)
-        body = json.dumps(answer, separators=(",", ":")).encode()
+        body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         start_response(f"{status} {_REASONS.get(status, '')}", headers)
         return [body]

@@ -159,6 +159,8 @@ BAD_VALUES = [
     ("info", '{"x": "\ud800"}'),
     ("t", 2**63),
     ("reward", "1.5"),
+    ("reward", float("inf")),
+    ("action_logp", float("nan")),
     ("terminated", 1),
     ("observation", None),
     ("observation", [0.1, 0.2, 0.3]),
@@ -188,6 +190,20 @@ def test_a_value_arrow_cannot_take_never_reaches_the_log(
     with DatasetWriter(tmp_path) as writer:
         assert writer.recovered == []
     assert _table(tmp_path, "steps").column("episode_id").to_pylist() == ["after"] + ["first"] * 2
+
+
+def test_a_nan_beside_a_null_never_reaches_the_log(tmp_path: Path) -> None:
+    """A float column with a null is written value by value, where NaN must still be refused
+    (JSON has no NaN; written as null it would pass for a missing value)."""
+    rows = _rows(3, "bad")
+    rows[0]["action_logp"], rows[2]["action_logp"] = None, float("nan")
+    with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
+        for append in (lambda: writer.append_rows(rows, validated=True),
+                       lambda: writer.append(_columns(rows), validated=True)):  # fmt: skip
+            with pytest.raises(SchemaError, match="field 'action_logp': expected finite values"):
+                append()
+        writer.append_rows(_rows(1, "after"), validated=True)
+    assert _table(tmp_path, "steps").column("episode_id").to_pylist() == ["after"]
 
 
 def test_an_episode_row_arrow_cannot_take_never_reaches_the_log(tmp_path: Path) -> None:
