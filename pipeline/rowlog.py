@@ -87,6 +87,7 @@ class RowEncoder:
                        if pa.types.is_fixed_size_list(field.type)}  # fmt: skip
         self._codes = {i: _STRUCT.get(_dtype(table_schema.field(i).type).str[1:])
                        for i, _, kind, _ in self._plan if kind in _PACKED}  # fmt: skip
+        self._packs = {i for i, code in self._codes.items() if code is not None} | set(self._lists)
 
     def encode(self, rows: Sequence[Mapping[str, Any]], now: int) -> tuple[Columns, bytes]:
         """The append's checked columns (lists as the bytes of their values) and its line,
@@ -126,7 +127,7 @@ class RowEncoder:
             values = given[name]
             if len(values) != n:
                 raise ValueError(f"column {name!r}: {len(values)} values, expected {n}")
-            packed = self._pack(i, kind, values, n)
+            packed = self._pack(i, kind, values, n) if i in self._packs else None
             if packed is None:
                 checked = self._checked(i, kind, required, list(values))
                 columns.append(checked)
@@ -170,14 +171,12 @@ class RowEncoder:
                 raw.size != n * size):  # fmt: skip
                 return None
             return raw.astype(dtype, copy=False).tobytes()
-        code = self._codes.get(i)
-        if code is None or not isinstance(values, list) or not set(map(type, values)) <= (
-            _PACKED[kind]):  # fmt: skip
+        if not isinstance(values, list) or not set(map(type, values)) <= _PACKED[kind]:
             return None
         if kind == "float" and not math.isfinite(sum(values)):
             raise ValueError(f"column {self.names[i]!r}: NaN or infinity")
         try:
-            return struct.pack(f"<{n}{code}", *values)
+            return struct.pack(f"<{n}{self._codes[i]}", *values)
         except struct.error:
             raise ValueError(f"column {self.names[i]!r}: beyond its type") from None
 

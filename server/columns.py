@@ -185,7 +185,9 @@ class ColumnStepper:
             "action_logp": [step.action_logp for step in pending],
             "policy_version": [step.policy_version for step in pending],
             "training_enabled": [episode.training_enabled for episode in mine],
-            "info": [_info(infos[i], state.info) for i, state in zip(done, agents, strict=True)],
+            "info": [_info(infos[i], state.info) for i, state in zip(done, agents, strict=True)]
+            if any(info is not None for info in infos) or any(s.info is not None for s in agents)
+            else [None] * len(done),
             "client_id": [episode.client_id for episode in mine],
         }
 
