@@ -15,8 +15,9 @@ its values in schema order (timestamps as integer microseconds since the epoch, 
 lists as the base64 of their little-endian bytes; JSON-text columns as strings), or, for an
 append given column by column, a JSON object of its columns, each its values or, for numbers
 without nulls, the base64 of all their bytes (no decimal text to write). Both carry each
-value exactly (Python's float repr round-trips), and a line is written with one ``write`` loop,
-so a torn tail is an incomplete last line, dropped. ``docs/format.md`` section 8 is the spec.
+value exactly (a float as the shortest text that reads back as it), and a line is written with
+one ``write`` loop, so a torn tail is an incomplete last line, dropped. ``docs/format.md``
+section 8 is the spec.
 """
 
 from __future__ import annotations
@@ -229,19 +230,8 @@ def _text(packed: bytes) -> str:
 _ACCEPTS = {"i": "iu", "u": "iu", "f": "fiu"}  # numpy kinds a list column's items may have
 _PACKED: dict[str, set[type]] = {"int": {int}, "float": {float, int}, "bool": {bool}}
 # a numpy type (after its byte order) as a struct code
-_STRUCT = {
-    "i8": "q",
-    "i4": "i",
-    "i2": "h",
-    "i1": "b",
-    "u8": "Q",
-    "u4": "I",
-    "u2": "H",
-    "u1": "B",
-    "f8": "d",
-    "f4": "f",
-    "b1": "?",
-}
+_STRUCT = dict(zip(["i8", "i4", "i2", "i1", "u8", "u4", "u2", "u1", "f8", "f4", "b1"],
+                   "qihbQIHBdf?", strict=True))  # fmt: skip
 _TEXTS = ("info", "reset_options")  # JSON text: objects are written as text, text must parse
 _NONE = type(None)
 _TYPES: dict[str, set[type]] = {"int": {int, _NONE}, "float": {float, _NONE},
