@@ -20,7 +20,7 @@ from pipeline.discovery import list_shards
 from pipeline.layout import resolve
 
 ROUNDS = 20
-FORMS = ("columns", "rows", "columns")  # how each of three sharing writers appends
+FORMS = ("columns", "rows", "packed")  # how each of three sharing writers appends
 SCRIPT = Path(__file__).with_name("writer_process.py")
 
 
@@ -76,13 +76,15 @@ def _stored(path: Path) -> dict[str, np.ndarray]:
         ("background", "columns", 8),
         ("always", "rows", 6),
         ("background", "rows", 6),
+        ("background", "packed", 6),
     ],
 )
 def test_sigkill_loses_no_acknowledged_row(
     tmp_path: Path, sync: str, form: str, rounds: int
 ) -> None:
     """``background`` acknowledges before fsync: a process kill must still lose nothing. The
-    server's appends (``rows``: a few validated rows at a time) go through the row log."""
+    server's appends (``rows``: a few validated rows at a time; ``packed``: the same as columns)
+    go through the row log."""
     path = tmp_path / "ds"
     rng = np.random.default_rng(7)
     acknowledged: dict[str, int] = {}
@@ -106,8 +108,8 @@ def test_sigkill_loses_no_acknowledged_row(
 
 
 def test_writer_processes_share_a_directory(tmp_path: Path) -> None:
-    """Three processes write one dataset at once, one of them through the row log; every
-    acknowledged row lands, none collides."""
+    """Three processes write one dataset at once, two of them through the row log (row lines,
+    column lines); every acknowledged row lands, none collides."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
     path = tmp_path / "ds"
     processes = [

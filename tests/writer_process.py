@@ -2,7 +2,9 @@
 of them), printing each acknowledgement after ``append`` returns, until it is killed or done.
 
 ``form`` "columns" appends columns of up to 3,000 rows (the Arrow log); "rows" appends validated
-rows a few at a time with an episode summary each, as the server does (the row log)."""
+rows a few at a time with an episode summary each, as the server does (the row log's row lines);
+"packed" the same rows as validated columns, as the server's vectorized path does (its column
+lines)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ def main(path: str, run: int, batches: int = 1_000_000, sync: str = "always",
     observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     with DatasetWriter(path, observation_space, gym.spaces.Discrete(2), config=config) as writer:
         for number in range(batches):
-            if form == "rows":
-                _append_rows(writer, f"r{run}-b{number}", int(rng.integers(1, 40)), rng)
+            if form in ("rows", "packed"):
+                _append_rows(writer, f"r{run}-b{number}", int(rng.integers(1, 40)), rng, form)
                 continue
             rows = int(rng.integers(1, 3_000))
             observations = rng.standard_normal((rows, 4)).astype(np.float32)
@@ -42,15 +44,18 @@ def main(path: str, run: int, batches: int = 1_000_000, sync: str = "always",
             print(f"r{run}-b{number} {rows}", flush=True)
 
 
-def _append_rows(writer: DatasetWriter, name: str, rows: int, rng: np.random.Generator) -> None:
+def _append_rows(writer: DatasetWriter, name: str, rows: int, rng: np.random.Generator,
+                 form: str) -> None:  # fmt: skip
     observations = rng.standard_normal((rows + 1, 4)).astype(np.float32)
-    writer.append_rows(
-        [{"episode_id": name, "agent_id": "agent0", "t": t, "observation": observations[t],
-          "action": t % 2, "reward": 1.0, "next_observation": observations[t + 1],
-          "terminated": False, "truncated": False, "action_logp": -0.5, "policy_version": 1,
-          "training_enabled": True, "info": None, "client_id": "w"} for t in range(rows)],
-        validated=True,
-    )  # fmt: skip
+    steps = [{"episode_id": name, "agent_id": "agent0", "t": t, "observation": observations[t],
+              "action": t % 2, "reward": 1.0, "next_observation": observations[t + 1],
+              "terminated": False, "truncated": False, "action_logp": -0.5, "policy_version": 1,
+              "training_enabled": True, "info": None, "client_id": "w"}
+             for t in range(rows)]  # fmt: skip
+    if form == "rows":
+        writer.append_rows(steps, validated=True)
+    else:
+        writer.append({key: [step[key] for step in steps] for key in steps[0]}, validated=True)
     now = datetime.now(UTC)
     writer.append_episodes(
         [{"episode_id": name, "agent_id": "agent0", "client_id": "w", "started_at": now,
