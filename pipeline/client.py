@@ -326,7 +326,7 @@ class PolicyClient:
 
     def _multiagent(self, observation: Any) -> bool:
         """A dict is per-agent unless the observation space itself is a Dict with its keys."""
-        if not isinstance(observation, Mapping):
+        if type(observation) is np.ndarray or not isinstance(observation, Mapping):  # ABCs are slow
             return False
         space = self._space()[0]
         return not (isinstance(space, gym.spaces.Dict) and set(observation) == set(space.keys()))

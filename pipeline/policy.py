@@ -210,10 +210,12 @@ class NumpyPolicy:
             actions, logp = self.act(batch, rng, explore)
             return _first(actions), float(logp[0])
         x = np.asarray(observation, np.float32).reshape(self._box_width)
+        # x.dot(w) is the BLAS gemv that x @ w calls, bit for bit, without the ufunc machinery
+        # that costs @ half a microsecond more per layer
         for weight, bias in self._layers[:-1]:
-            x = self._activation(x @ weight + bias)
+            x = self._activation(x.dot(weight) + bias)
         weight, bias = self._layers[-1]
-        logits = (x @ weight + bias).tolist()
+        logits = (x.dot(weight) + bias).tolist()
         top = max(logits)
         weights = [math.exp(value - top) for value in logits]
         total = math.fsum(weights)

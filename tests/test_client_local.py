@@ -84,6 +84,8 @@ def test_a_long_episode_outgrows_the_buffer_and_nothing_is_lost(tmp_path: Path) 
          "shape (3,)"),
         (np.array([np.nan, 0, 0, 0], np.float32), "row 0, field 'observation': expected finite "
          "values, got nan"),
+        (np.array([0, 0, -np.inf, 0], np.float32), "row 0, field 'observation': expected finite "
+         "values, got -inf"),
         (["a", "b", "c", "d"], "row 0, field 'observation': expected float32 of shape (4,) per "
          "row, got ['a', 'b', 'c', 'd']"),
     ],
