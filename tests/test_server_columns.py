@@ -42,10 +42,11 @@ def test_columnar_batch_form_rows_and_answers_are_the_known_ones(tmp_path: Path)
         log_softmax = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
         expected = log_softmax[np.arange(3), first["actions"]]
         np.testing.assert_allclose(first["action_logp"], expected, rtol=1e-5)
+        # an empty info is still an info: stored as {}
         second = _actions(server.url, {
             "episode_ids": ids, "observations": OBS[::-1], "rewards": [1.0, 2.0, 3.5],
             "terminated": [False, True, False], "truncated": [False, False, True],
-            "infos": [{}, None, None]}).json()  # an empty info is still an info; fmt: skip
+            "infos": [{}, None, None]}).json()  # fmt: skip
         assert second["actions"][1:] == [None, None] and second["action_logp"][1:] == [None, None]
         assert second["actions"][0] in (0, 1)
     steps = pd.read_parquet(data / "steps").sort_values(["episode_id", "t"])
