@@ -36,6 +36,19 @@ def test_episode_returns_count_an_episode_once_all_its_rows_have_come() -> None:
     assert list(returns.recent) == [6.0, 4.0]  # the window keeps the newest
 
 
+def test_episode_returns_of_interleaved_rows_count_in_the_order_episodes_end() -> None:
+    """A client stepping several simulators in turn uploads their rows interleaved."""
+    a = rows("a", [0, 1, 2], [1.0, 2.0, 3.0], "terminated")
+    b = rows("b", [0, 1], [10.0, 20.0], "truncated")
+    c = rows("c", [0, 1], [7.0, 7.0])
+    order = [a[0:1], b[0:1], c[0:1], a[1:2], b[1:2], c[1:2], a[2:3]]  # b ends, then a
+    returns = EpisodeReturns(window=20)
+    returns.add(Batch.concat(order))
+    assert (list(returns.recent), returns.count) == ([30.0, 6.0], 2)  # c is still open
+    returns.add(rows("c", [2], [7.0], "terminated"))
+    assert list(returns.recent) == [30.0, 6.0, 21.0]
+
+
 def test_episode_returns_never_count_an_episode_whose_first_rows_were_not_read() -> None:
     returns = EpisodeReturns(window=20)
     returns.add(rows("late", [7, 8], [1.0, 1.0], "terminated"))
