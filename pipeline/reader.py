@@ -223,6 +223,8 @@ class InputReader:
             if not self.config.follow:
                 return
             yield _CAUGHT_UP
+            if paths:  # shards came in while the consumer used these: look again at once
+                continue
             timeout = self.config.timeout_s
             if timeout is not None and time.monotonic() - idle_since > timeout:
                 return

@@ -122,6 +122,23 @@ def test_follow_yields_every_row_exactly_once(tmp_path: Path) -> None:
     assert len(seen) == 3000 and len(set(seen)) == 3000
 
 
+def test_follow_reads_shards_that_came_while_the_consumer_worked_at_once(tmp_path: Path) -> None:
+    """A trainer reads, updates, reads: what was committed during its update is read without
+    waiting out a poll interval (online PPO would lose that wait on every update)."""
+    rows = cartpole_rollout(10)
+    with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
+        writer.append(rows | {"episode_id": np.full(10, "b0")})
+        writer.flush()
+        reader = iter(InputReader(tmp_path, batch_size=10, follow=True, timeout_s=30,
+                                  poll_interval_s=5.0))  # fmt: skip
+        assert set(next(reader).episode_ids) == {"b0"}
+        writer.append(rows | {"episode_id": np.full(10, "b1")})  # while the consumer works
+        writer.flush()
+        started = time.monotonic()
+        assert set(next(reader).episode_ids) == {"b1"}
+        assert time.monotonic() - started < 2.5
+
+
 def test_follow_stops_after_timeout(make_dataset: Any) -> None:
     started = time.monotonic()
     batches = list(
