@@ -1,8 +1,10 @@
-"""What the benchmarks share: CartPole-shaped rows from a real CartPole rollout."""
+"""What the benchmarks share: CartPole-shaped rows from a real CartPole rollout, the report,
+and a probe of the machine's speed."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -46,6 +48,15 @@ def cartpole_columns(steps: int, seed: int = 0) -> dict[str, np.ndarray]:
 def cartpole_spaces() -> tuple[gym.Space[Any], gym.Space[Any]]:
     env = gym.make("CartPole-v1")
     return env.observation_space, env.action_space
+
+
+def machine_speed() -> float:
+    """Seconds a pure-Python loop of 10 million additions takes now: this VM's speed swings by
+    ~1.7x from minute to minute (0.36-0.62 s seen), and every figure of a run swings with it."""
+    started, total = time.perf_counter(), 0
+    for i in range(10_000_000):
+        total += i
+    return time.perf_counter() - started
 
 
 def report(figures: dict[str, float | None]) -> None:
