@@ -171,7 +171,7 @@ class RowEncoder:
             if raw.dtype.kind not in _ACCEPTS[dtype.kind] or raw.shape[:1] != (n,) or (
                 raw.size != n * size):  # fmt: skip
                 return None
-            return raw.astype(dtype, copy=False).tobytes()
+            return raw.astype(dtype, copy=False).tobytes()  # float64 values of float32: rounded
         if not isinstance(values, list) or not set(map(type, values)) <= _PACKED[kind]:
             return None
         if kind == "float" and not math.isfinite(sum(values)):
@@ -195,20 +195,14 @@ class RowEncoder:
         return values
 
     def _packed(self, i: int, values: list[Any]) -> list[bytes]:
-        """Each list as the little-endian bytes of exactly ``list_size`` numbers."""
-        dtype, size = self._lists[i]
-        try:
-            raw = np.asarray(values)  # one array for the append; a None makes it an object array
-        except ValueError:  # lists of different shapes
-            raw = None
-        if len(values) > 1 and (raw is None or raw.dtype.kind == "O"):
-            return [self._packed(i, [value])[0] for value in values]  # each on its own
-        if raw is None or raw.size != size * len(values) or raw.dtype.kind not in (
-            "fiu" if dtype.kind == "f" else "iu"):  # fmt: skip
-            raise ValueError(f"column {self.names[i]!r}: expected lists of {size} numbers")
-        data = raw.astype(dtype, copy=False).tobytes()  # float64 values of float32: rounded
-        step = len(data) // max(len(values), 1)
-        return [data[start : start + step] for start in range(0, len(data), step)]
+        """Each list as the little-endian bytes of exactly ``list_size`` numbers: packed as one
+        array when they make one, else each on its own (a None, or lists of mixed shapes)."""
+        data = self._pack(i, "list", values, len(values))
+        if data is not None:
+            return _split(data, len(values))
+        if len(values) > 1:
+            return [self._packed(i, [value])[0] for value in values]
+        raise ValueError(f"column {self.names[i]!r}: expected lists of {self._lists[i][1]} numbers")
 
 
 def _line(value: Any) -> bytes:
@@ -216,6 +210,12 @@ def _line(value: Any) -> bytes:
     refuses a lone surrogate (not UTF-8). (It would write NaN as null: floats are checked
     finite before.)"""
     return orjson.dumps(value) + b"\n"
+
+
+def _split(data: bytes, n: int) -> list[bytes]:
+    """The packed bytes of ``n`` equal-sized lists, one piece per list."""
+    step = len(data) // max(n, 1)
+    return [data[start : start + step] for start in range(0, len(data), step)]
 
 
 def _in_range(values: list[Any]) -> bool:
@@ -371,8 +371,7 @@ def _unpacked(kind: pa.DataType, data: bytes, n: int) -> list[Any]:
     if len(data) != n * size * dtype.itemsize:
         raise ValueError(f"{len(data)} bytes for {n} values of {size} {dtype}")
     if listed:
-        step = size * dtype.itemsize
-        return [data[start : start + step] for start in range(0, len(data), step)]
+        return _split(data, n)
     if dtype.kind == "b" and np.frombuffer(data, np.uint8).max(initial=0) > 1:
         raise ValueError("a boolean that is neither 0 nor 1")
     values: list[Any] = np.frombuffer(data, dtype).tolist()
