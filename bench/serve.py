@@ -78,40 +78,35 @@ def worker_remote(url: str, seconds: float, start_at: float, seed: int) -> dict[
 def worker_vector(
     url: str, seconds: float, start_at: float, seed: int, envs: int
 ) -> dict[str, Any]:
-    """A vectorized simulator: gymnasium's numpy CartPole steps all its envs at once, and one
-    request per step carries all of them in the columnar batch form.
+    """A vectorized simulator: gymnasium's numpy CartPole steps all its envs at once, and
+    :class:`~pipeline.vector.VectorEpisodes` sends each vector step as one request in the
+    columnar batch form.
 
     The vector env resets an env on the step after its episode ended (gymnasium's next-step
     autoreset): that step's observation starts the env's next episode and is not counted.
     """
     import gymnasium as gym
 
-    from pipeline.transport import Http
+    from pipeline.client import PolicyClient
+    from pipeline.vector import VectorEpisodes
 
-    http = Http(url, None, 30.0, None)
+    client = PolicyClient(url, inference_mode="remote", timeout=30.0)
     sims = gym.make_vec("CartPole-v1", num_envs=envs, vectorization_mode="vector_entry_point")
+    vector = VectorEpisodes(client, envs)
     observations, _ = sims.reset(seed=seed)
-    counts = np.zeros(envs, np.int64)
-    ids = [f"w{seed}-{i}-0" for i in range(envs)]
-    body: dict[str, Any] = {"episode_ids": ids, "observations": observations.tolist(),
-                            "starts": [{}] * envs}  # fmt: skip
     steps, ended = 0, np.zeros(envs, bool)  # ended: the env's episode ended last step
     _wait(start_at)
     cpu = time.process_time()
     began = time.perf_counter()
+    actions = vector.reset(observations)
     while time.perf_counter() - began < seconds:
-        answer = http.call("POST", "/v1/actions", json=body).json()["actions"]
-        actions = np.array([0 if a is None else a for a in answer], np.int64)  # ended: none
         observations, rewards, terminated, truncated, _ = sims.step(actions)
-        counts += ended  # the envs that ended last step were reset by this one
-        ids = [f"w{seed}-{i}-{n}" for i, n in enumerate(counts.tolist())]
-        body = {"episode_ids": ids, "observations": observations.tolist(),
-                "rewards": np.where(ended, 0.0, rewards).tolist(),
-                "terminated": terminated.tolist(), "truncated": truncated.tolist(),
-                "starts": [{} if first else None for first in ended.tolist()]}  # fmt: skip
+        actions = vector.step(observations, rewards, terminated, truncated)
         steps += int(envs - ended.sum())
         ended = terminated | truncated
+    vector.close(observations)
     sims.close()
+    client.close()
     return {"steps": steps, "seconds": time.perf_counter() - began,
             "cpu": time.process_time() - cpu}  # fmt: skip
 

@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 import requests
 
-from pipeline import layout
+from pipeline import layout, vector
 from pipeline.errors import (
     ConfigError,
     EpisodeError,
@@ -186,6 +186,22 @@ class PolicyClient:
             return
         self._check_uploads()
         self._local.end(episode_id, observation, truncated, self._multiagent(observation))
+
+    def step_many(
+        self,
+        episode_ids: Sequence[str],
+        observations: Any,
+        rewards: Any = None,
+        terminated: Any = None,
+        truncated: Any = None,
+        starts: Sequence[Mapping[str, Any] | None] | None = None,
+        infos: Sequence[Any] | None = None,
+    ) -> list[Any]:
+        """Many episodes' steps in one request, for vectorized simulators (see
+        :func:`pipeline.vector.step_many`; :class:`pipeline.vector.VectorEpisodes` drives a
+        gymnasium vector env with it)."""
+        return vector.step_many(self, episode_ids, observations, rewards, terminated, truncated,
+                                starts, infos)  # fmt: skip
 
     def update_policy_weights(self) -> None:
         """Pull the newest weights now (local mode); 304 when they have not changed."""

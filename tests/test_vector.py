@@ -1,0 +1,165 @@
+"""VectorEpisodes and PolicyClient.step_many against a real server, with gymnasium vector envs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+from gymnasium.vector import AutoresetMode
+from server_fixtures import cartpole_config, running_server
+
+from pipeline.client import PolicyClient, RequestRejected
+from pipeline.errors import ConfigError, SchemaError
+from pipeline.vector import VectorEpisodes
+
+ENVS = 4
+
+
+def _vector_env(mode: AutoresetMode) -> gym.vector.VectorEnv:
+    return gym.make_vec("CartPole-v1", num_envs=ENVS, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": mode})  # fmt: skip
+
+
+def _run(client: PolicyClient, mode: AutoresetMode, steps: int) -> dict[str, Any]:
+    """Drive a vector env through VectorEpisodes; what the envs did, to check the log against."""
+    envs = _vector_env(mode)
+    vector = VectorEpisodes(client, ENVS, autoreset_mode=mode)
+    observations, _ = envs.reset(seed=10)
+    actions = vector.reset(observations, seeds=[10 + i for i in range(ENVS)])
+    taken, finals, ended, closed = 0, [], np.zeros(ENVS, bool), 0
+    for n in range(steps):
+        observations, rewards, terminated, truncated, infos = envs.step(actions)
+        taken += ENVS if mode is AutoresetMode.SAME_STEP else int(ENVS - ended.sum())
+        done = terminated | truncated
+        if mode is AutoresetMode.SAME_STEP:
+            finals += [infos["final_obs"][i] for i in np.flatnonzero(done)]
+        else:
+            finals += [observations[i].copy() for i in np.flatnonzero(done)]
+        if n == steps - 1:
+            closed = int((~done & (~ended if mode is AutoresetMode.NEXT_STEP else True)).sum())
+            vector.close(observations, rewards, terminated, truncated, infos)
+        else:
+            actions = vector.step(observations, rewards, terminated, truncated, infos)
+        ended = done
+    envs.close()
+    return {"steps": taken, "finals": finals, "open": closed}
+
+
+def _responses(url: str) -> int:
+    metrics = requests.get(url + "/v1/metrics", timeout=10).text
+    found = re.search(r'^rlpipe_responses_total\{status="200"\} (\d+)', metrics, re.M)
+    return int(found.group(1)) if found else 0
+
+
+def _check_log(data: Path, run: dict[str, Any]) -> pd.DataFrame:
+    steps = pd.read_parquet(data / "steps")
+    episodes = pd.read_parquet(data / "episodes")
+    assert len(steps) == run["steps"]
+    ended = steps[steps["terminated"]]
+    assert len(ended) == len(run["finals"])
+    stored = sorted(map(tuple, np.stack(ended["next_observation"].to_numpy()).tolist()))
+    assert stored == sorted(tuple(map(float, final)) for final in run["finals"])
+    assert len(episodes) == len(ended) + run["open"]
+    assert steps["truncated"].sum() == run["open"]  # closed by close(), none by the envs
+    for _, episode in steps.groupby("episode_id"):
+        episode = episode.sort_values("t")
+        assert episode["t"].tolist() == list(range(len(episode)))
+        observation = np.stack(episode["observation"].to_numpy())
+        next_observation = np.stack(episode["next_observation"].to_numpy())
+        np.testing.assert_array_equal(observation[1:], next_observation[:-1])
+    seeded = episodes.dropna(subset=["seed"])
+    assert sorted(seeded["seed"]) == [10, 11, 12, 13]
+    for _, row in seeded.iterrows():  # each sub-env's first episode replays from its seed
+        first = steps[(steps["episode_id"] == row["episode_id"]) & (steps["t"] == 0)]
+        reset, _ = gym.make("CartPole-v1").reset(seed=int(row["seed"]))
+        np.testing.assert_array_equal(first["observation"].iloc[0], reset)
+    return steps
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_a_vector_env_lands_as_episodes_one_request_per_step(
+    tmp_path: Path, mode: AutoresetMode
+) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode="remote")
+        before = _responses(server.url)
+        run = _run(client, mode, 60)
+        # reset, 59 steps and close: a request each; and the spaces, read once, and a metrics read
+        assert _responses(server.url) - before == 61 + 2
+        client.close()
+    assert run["finals"], "60 steps of 4 random CartPoles end some episodes"
+    _check_log(data, run)
+
+
+def test_local_inference_logs_the_same_episodes(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode="local", spool_dir=tmp_path / "spool")
+        run = _run(client, AutoresetMode.NEXT_STEP, 40)
+        assert client.close()
+    _check_log(data, run)
+
+
+def test_step_many_starts_steps_and_ends_episodes_in_one_call(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    observation = np.array([[0.01, 0.02, 0.03, 0.04]] * 2, np.float32)
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode="remote")
+        actions = client.step_many(["a", "b"], observation, starts=[{"seed": 1}, {}])
+        assert all(action in (0, 1) for action in actions)
+        client.log_returns("a", 0.5)  # rides on the next call, as with get_action
+        ended = client.step_many(["a", "b"], observation, rewards=[1.0, 2.0],
+                                 terminated=[True, False])  # fmt: skip
+        assert ended[0] is None and ended[1] in (0, 1)
+        with pytest.raises(Exception, match="'a' was not started by this client"):
+            client.step_many(["a"], observation[:1])
+        client.close()
+    steps = pd.read_parquet(data / "steps").sort_values(["episode_id", "t"])
+    a, b = (steps[steps["episode_id"] == name] for name in "ab")
+    assert (a["reward"].tolist(), a["terminated"].tolist()) == ([1.5], [True])
+    # b's second row: the server closed it as truncated at shutdown
+    assert (b["reward"].tolist(), b["truncated"].tolist()) == ([2.0, 0.0], [False, True])
+
+
+def test_bad_input_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode="remote")
+        good = np.zeros((2, 4), np.float32)
+        client.step_many(["a", "b"], good, starts=[{}, {}])
+        nan = good.copy()
+        nan[1, 2] = np.nan
+        with pytest.raises(RequestRejected, match="expected finite numbers, got NaN"):
+            client.step_many(["a", "b"], nan)  # sent as NaN (not null), so the server names it
+        with pytest.raises(
+            SchemaError,
+            match=re.escape(
+                "field 'observations': expected 2 rows (one per episode id), got shape (1, 4)"
+            ),
+        ):
+            client.step_many(["a", "b"], good[:1])
+        with pytest.raises(SchemaError, match="field 'rewards': expected 2 numbers"):
+            client.step_many(["a", "b"], good, rewards=[1.0])
+        with pytest.raises(SchemaError, match="field 'terminated': expected 2 booleans"):
+            client.step_many(["a", "b"], good, terminated=[1, 0])
+        client.step_many(["a", "b"], good, truncated=[True, True])  # still serving, still open
+        client.close()
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == 2 and steps["truncated"].all()
+
+
+def test_vector_episodes_config_is_checked() -> None:
+    client = PolicyClient("127.0.0.1:1", inference_mode="remote", timeout=0.2)
+    with pytest.raises(ConfigError, match="num_envs: expected an integer >= 1, got 0"):
+        VectorEpisodes(client, 0)
+    with pytest.raises(
+        ConfigError, match=re.escape("autoreset_mode: expected AutoresetMode.NEXT_STEP")
+    ):
+        VectorEpisodes(client, 2, autoreset_mode=AutoresetMode.DISABLED)
