@@ -353,4 +353,5 @@ class RemoteEpisode:
 
     def sent(self) -> None:
         self.request += 1
-        self.rewards, self.infos, self.dones = {}, {}, {}
+        if self.rewards or self.infos or self.dones:
+            self.rewards, self.infos, self.dones = {}, {}, {}

@@ -13,7 +13,9 @@ resets itself, and an action for a sub-env whose episode has just ended.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -52,16 +54,97 @@ def step_many(
     """
     ids = list(episode_ids)
     n = len(ids)
-    starts = [None] * n if starts is None else list(starts)
-    ends = [_flags(terminated, n, "terminated"), _flags(truncated, n, "truncated")]
     for name, column in (("starts", starts), ("infos", infos)):
         if column is not None and len(column) != n:
             raise SchemaError.single(name, f"{n} entries (one per episode id)",
                                      f"{len(column)}")  # fmt: skip
-    observations = _observation_rows(observations, n)
+    rows = _Rows(ids, _observation_rows(observations, n), _rewards(rewards, n),
+                 _flags(terminated, n, "terminated"), _flags(truncated, n, "truncated"),
+                 None if starts is None else list(starts), infos)  # fmt: skip
+    actions = _send(client, rows)
+    return [None if action is None else client._decode_one(action) for action in actions]
+
+
+@dataclass
+class _Rows:
+    """Checked rows of one call: what :func:`_send` takes."""
+
+    ids: list[str]
+    observations: Any  # an array of n rows, or a list of n single observations
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    starts: list[Any] | None = None  # None: no row starts an episode
+    infos: Sequence[Any] | None = None
+
+
+def _send(client: PolicyClient, rows: _Rows) -> list[Any]:
+    """The rows as one request (remote), or through the one-episode verbs (local); the actions
+    as JSON values (remote) or as the verbs return them (local)."""
     if client._local is not None:
-        return _local(client, ids, observations, _rewards(rewards, n), ends, starts, infos)
-    return _remote(client, ids, observations, _rewards(rewards, n), ends, starts, infos)
+        return _local(client, rows)
+    registry = client._remote
+    for episode_id, start in zip(rows.ids, rows.starts or (), strict=False):
+        if start is not None and episode_id not in registry:
+            registry[episode_id] = RemoteEpisode()
+    states = [registry.get(i) or client._remote_episode(i) for i in rows.ids]
+    logged = [state.rewards.get(_AGENT, 0.0) if state.rewards else 0.0 for state in states]
+    body: dict[str, Any] = {
+        "episode_ids": rows.ids, "observations": rows.observations,
+        "rewards": rows.rewards + logged, "terminated": rows.terminated,
+        "truncated": rows.truncated, "requests": [state.request + 1 for state in states],
+    }  # fmt: skip
+    if rows.starts is not None:
+        mine = {"client_id": client.client_id}
+        body["starts"] = [None if start is None else {**mine, **start} for start in rows.starts]
+    if rows.infos is not None:
+        body["infos"] = [jsonable(info) for info in rows.infos]
+    response = client._http.call("POST", "/v1/actions", data=_encode(body), headers=_JSON)
+    actions: list[Any] = orjson.loads(response.content)["actions"]
+    for state in states:
+        state.sent()
+    for i in np.flatnonzero(rows.terminated | rows.truncated).tolist():
+        del registry[rows.ids[i]]
+    return actions
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    """The body as JSON: by orjson straight from numpy when every number is finite, else by
+    ``json`` from lists (orjson would write NaN as null; the server must see, and name, NaN)."""
+    observations = body["observations"]
+    numeric = isinstance(observations, np.ndarray) and observations.dtype.kind in "fiub"
+    # a sum each: NaN or inf anywhere makes it non-finite (an overflow only costs speed)
+    if numeric and math.isfinite(float(observations.sum()) + float(body["rewards"].sum())):
+        try:
+            fast = {**body, "observations": np.ascontiguousarray(observations)}
+            return orjson.dumps(fast, option=orjson.OPT_SERIALIZE_NUMPY)
+        except orjson.JSONEncodeError:  # a dtype orjson does not write (float16)
+            pass
+    if isinstance(observations, np.ndarray):
+        observations = observations.tolist()
+    else:
+        observations = [jsonable(observation) for observation in observations]
+    plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in body.items()}
+    return json.dumps({**plain, "observations": observations}, separators=(",", ":")).encode()
+
+
+def _local(client: PolicyClient, rows: _Rows) -> list[Any]:
+    """Local inference: the one-episode verbs, row by row (no round trips to save)."""
+    actions: list[Any] = []
+    for i, episode_id in enumerate(rows.ids):
+        start = None if rows.starts is None else rows.starts[i]
+        observation, info = row_of(rows.observations, i), rows.infos and rows.infos[i]
+        if start is not None:
+            client.start_episode(episode_id, bool(start.get("training_enabled", True)),
+                                 start.get("seed"), start.get("options"))  # fmt: skip
+        if rows.rewards[i] != 0.0 or info is not None:
+            client.log_returns(episode_id, float(rows.rewards[i]), info)
+        if rows.terminated[i] or rows.truncated[i]:
+            client.end_episode(episode_id, observation, truncated=not rows.terminated[i])
+            actions.append(None)
+        else:
+            actions.append(client.get_action(episode_id, observation))
+    return actions
 
 
 def _observation_rows(observations: Any, n: int) -> Any:
@@ -78,85 +161,6 @@ def _observation_rows(observations: Any, n: int) -> Any:
         raise SchemaError.single("observations", f"{n} rows (one per episode id)",
                                  f"{len(rows)}")  # fmt: skip
     return rows
-
-
-def _remote(
-    client: PolicyClient,
-    ids: list[str],
-    observations: Any,
-    rewards: np.ndarray,
-    ends: list[np.ndarray],
-    starts: list[Any],
-    infos: Sequence[Any] | None,
-) -> list[Any]:
-    states = []
-    for episode_id, start in zip(ids, starts, strict=True):
-        if start is not None and episode_id not in client._remote:
-            client._remote[episode_id] = RemoteEpisode()
-        states.append(client._remote_episode(episode_id))
-    logged = [state.rewards.get(_AGENT, 0.0) for state in states]  # from log_returns
-    body: dict[str, Any] = {
-        "episode_ids": ids, "observations": observations, "rewards": rewards + logged,
-        "terminated": ends[0], "truncated": ends[1],
-        "starts": [None if start is None else {"client_id": client.client_id, **start}
-                   for start in starts],
-        "requests": [state.request + 1 for state in states],
-    }  # fmt: skip
-    if infos is not None:
-        body["infos"] = [jsonable(info) for info in infos]
-    response = client._http.call("POST", "/v1/actions", data=_encode(body), headers=_JSON)
-    actions = orjson.loads(response.content)["actions"]
-    for episode_id, state, end in zip(ids, states, ends[0] | ends[1], strict=True):
-        state.sent()
-        if end:
-            del client._remote[episode_id]
-    return [None if action is None else client._decode_one(action) for action in actions]
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    """The body as JSON: by orjson straight from numpy when every number is finite, else by
-    ``json`` from lists (orjson would write NaN as null; the server must see, and name, NaN)."""
-    observations = body["observations"]
-    if isinstance(observations, np.ndarray) and observations.dtype.kind in "fiub" and (
-        np.isfinite(observations).all() and np.isfinite(body["rewards"]).all()
-    ):  # fmt: skip
-        try:
-            fast = {**body, "observations": np.ascontiguousarray(observations)}
-            return orjson.dumps(fast, option=orjson.OPT_SERIALIZE_NUMPY)
-        except orjson.JSONEncodeError:  # a dtype orjson does not write (float16)
-            pass
-    if isinstance(observations, np.ndarray):
-        observations = observations.tolist()
-    else:
-        observations = [jsonable(observation) for observation in observations]
-    plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in body.items()}
-    return json.dumps({**plain, "observations": observations}, separators=(",", ":")).encode()
-
-
-def _local(
-    client: PolicyClient,
-    ids: list[str],
-    observations: Any,
-    rewards: np.ndarray,
-    ends: list[np.ndarray],
-    starts: list[Any],
-    infos: Sequence[Any] | None,
-) -> list[Any]:
-    """Local inference: the one-episode verbs, row by row (no round trips to save)."""
-    actions: list[Any] = []
-    for i, episode_id in enumerate(ids):
-        start, observation = starts[i], row_of(observations, i)
-        if start is not None:
-            client.start_episode(episode_id, bool(start.get("training_enabled", True)),
-                                 start.get("seed"), start.get("options"))  # fmt: skip
-        if rewards[i] != 0.0 or (infos is not None and infos[i] is not None):
-            client.log_returns(episode_id, float(rewards[i]), None if infos is None else infos[i])
-        if ends[0][i] or ends[1][i]:
-            client.end_episode(episode_id, observation, truncated=not ends[0][i])
-            actions.append(None)
-        else:
-            actions.append(client.get_action(episode_id, observation))
-    return actions
 
 
 def _rewards(values: Any, n: int) -> np.ndarray:
@@ -221,36 +225,40 @@ class VectorEpisodes:
         Record the seed each sub-env was reset with (``SyncVectorEnv.reset(seed=s)`` seeds
         sub-env ``i`` with ``s + i``), and the episodes can be replayed one by one.
         """
-        seeds = [None] * self.num_envs if seeds is None else list(seeds)
-        if len(seeds) != self.num_envs:
-            raise SchemaError.single("seeds", f"{self.num_envs} seeds", f"{len(seeds)}")
-        ids = [self._new_id() for _ in range(self.num_envs)]
-        starts = [self._start(seed, options) for seed in seeds]
-        actions = step_many(self.client, ids, observations, starts=starts)
+        n = self.num_envs
+        seeds = [None] * n if seeds is None else list(seeds)
+        if len(seeds) != n:
+            raise SchemaError.single("seeds", f"{n} seeds", f"{len(seeds)}")
+        ids = [self._new_id() for _ in range(n)]
+        no = np.zeros(n, bool)
+        rows = _Rows(ids, _observation_rows(observations, n), np.zeros(n), no, no,
+                     [self._start(seed, options) for seed in seeds])  # fmt: skip
+        actions = _send(self.client, rows)
         self.episode_ids = list(ids)
         return self._batch(actions)
 
     def step(self, observations: Any, rewards: Any, terminated: Any, truncated: Any,
              infos: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
         """Log what the vector env's ``step`` returned; the actions for its next step."""
+        n = self.num_envs
+        rows = _Rows([], observations, _rewards(rewards, n), _flags(terminated, n, "terminated"),
+                     _flags(truncated, n, "truncated"))  # fmt: skip
         if self.autoreset_mode is AutoresetMode.SAME_STEP:
-            return self._same_step(observations, rewards, terminated, truncated, infos or {})
-        ids: list[str] = []
-        starts: list[dict[str, Any] | None] = []
-        for i, episode_id in enumerate(self.episode_ids):
-            if episode_id is None:  # it ended last step: this observation starts the next one
-                self.episode_ids[i] = episode_id = self._new_id()
-                starts.append(self._start(None, None))
-            else:
-                starts.append(None)
-            ids.append(episode_id)
-        fresh = np.array([start is not None for start in starts])
-        rewards = np.where(fresh, 0.0, _rewards(rewards, self.num_envs))
-        terminated = _flags(terminated, self.num_envs, "terminated") & ~fresh
-        truncated = _flags(truncated, self.num_envs, "truncated") & ~fresh
-        actions = step_many(self.client, ids, observations, rewards, terminated, truncated,
-                            starts)  # fmt: skip
-        for i in np.flatnonzero(terminated | truncated).tolist():
+            return self._same_step(rows, infos or {})
+        fresh = [i for i, episode_id in enumerate(self.episode_ids) if episode_id is None]
+        if fresh:  # they ended last step: these observations start their next episodes
+            rows.starts = [None] * n
+            for i in fresh:
+                self.episode_ids[i] = self._new_id()
+                rows.starts[i] = self._start(None, None)
+            rows.rewards = rows.rewards.copy()
+            rows.rewards[fresh] = 0.0
+            rows.terminated, rows.truncated = rows.terminated.copy(), rows.truncated.copy()
+            rows.terminated[fresh] = rows.truncated[fresh] = False
+        rows.ids = list(self.episode_ids)  # type: ignore[arg-type]  # every sub-env has one now
+        rows.observations = _observation_rows(observations, n)
+        actions = _send(self.client, rows)
+        for i in np.flatnonzero(rows.terminated | rows.truncated).tolist():
             self.episode_ids[i] = None
         return self._batch(actions)
 
@@ -258,43 +266,42 @@ class VectorEpisodes:
               infos: Mapping[str, Any] | None = None) -> None:  # fmt: skip
         """Log the vector env's last step and end every episode there: those the envs ended as
         they say, the others as truncated (the simulator stopped, not the env)."""
-        terminated = _flags(terminated, self.num_envs, "terminated")
-        done = terminated | _flags(truncated, self.num_envs, "truncated")
+        n = self.num_envs
+        terminated = _flags(terminated, n, "terminated")
+        done = terminated | _flags(truncated, n, "truncated")
         if self.autoreset_mode is AutoresetMode.SAME_STEP:
             finals = _final_observations(observations, done, infos or {})
-            rows = list(range(self.num_envs))
+            open_rows = list(range(n))
         else:
-            rows = [i for i, episode_id in enumerate(self.episode_ids) if episode_id is not None]
-            finals = [row_of(observations, i) for i in rows]
-        ids = [episode_id for episode_id in self.episode_ids if episode_id is not None]
-        if ids:
-            step_many(self.client, ids, _stacked(finals), _rewards(rewards, self.num_envs)[rows],
-                      terminated[rows], ~terminated[rows])  # fmt: skip
-        self.episode_ids = [None] * self.num_envs
+            open_rows = [i for i, episode_id in enumerate(self.episode_ids) if episode_id]
+            finals = [row_of(observations, i) for i in open_rows]
+        if open_rows:
+            ids = [episode_id for episode_id in self.episode_ids if episode_id is not None]
+            _send(self.client, _Rows(ids, _stacked(finals), _rewards(rewards, n)[open_rows],
+                                     terminated[open_rows], ~terminated[open_rows]))  # fmt: skip
+        self.episode_ids = [None] * n
 
-    def _same_step(self, observations: Any, rewards: Any, terminated: Any, truncated: Any,
-                   infos: Mapping[str, Any]) -> Any:  # fmt: skip
+    def _same_step(self, rows: _Rows, infos: Mapping[str, Any]) -> Any:
         """Each ended sub-env sends two rows: its final observation (``infos["final_obs"]``)
         ending the old episode, and the reset observation opening the new one."""
-        terminated = _flags(terminated, self.num_envs, "terminated")
-        truncated = _flags(truncated, self.num_envs, "truncated")
-        ended = [int(i) for i in np.flatnonzero(terminated | truncated)]
-        batch = _final_observations(observations, terminated | truncated, infos)
-        ids = [episode_id for episode_id in self.episode_ids if episode_id is not None]
+        n, observations = self.num_envs, rows.observations
+        done = rows.terminated | rows.truncated
+        ended = np.flatnonzero(done).tolist()
+        batch = _final_observations(observations, done, infos)
         fresh = [self._new_id() for _ in ended]
-        batch += [row_of(observations, i) for i in ended]
-        starts: list[dict[str, Any] | None] = [None] * self.num_envs
-        starts += [self._start(None, None) for _ in ended]
         extra = np.zeros(len(ended), bool)
-        actions = step_many(
-            self.client, ids + fresh, _stacked(batch),
-            np.concatenate([_rewards(rewards, self.num_envs), np.zeros(len(ended))]),
-            np.concatenate([terminated, extra]), np.concatenate([truncated, extra]), starts,
+        rows = _Rows(
+            [i for i in self.episode_ids if i is not None] + fresh,
+            _stacked(batch + [row_of(observations, i) for i in ended]),
+            np.concatenate([rows.rewards, np.zeros(len(ended))]),
+            np.concatenate([rows.terminated, extra]), np.concatenate([rows.truncated, extra]),
+            [None] * n + [self._start(None, None) for _ in ended],
         )  # fmt: skip
-        for n, i in enumerate(ended):
-            self.episode_ids[i] = fresh[n]
-            actions[i] = actions[self.num_envs + n]
-        return self._batch(actions[: self.num_envs])
+        actions = _send(self.client, rows)
+        for k, i in enumerate(ended):
+            self.episode_ids[i] = fresh[k]
+            actions[i] = actions[n + k]
+        return self._batch(actions[:n])
 
     def _new_id(self) -> str:
         return f"{self.client.client_id}{next(self.client._episode_numbers):08x}"
@@ -309,15 +316,16 @@ class VectorEpisodes:
 
     def _batch(self, actions: list[Any]) -> Any:
         """The actions as the vector env takes them; an ended sub-env repeats its last one."""
-        for i, action in enumerate(actions):
-            if action is not None:
-                self._actions[i] = action
+        if None in actions:
+            actions = [self._actions[i] if a is None else a for i, a in enumerate(actions)]
+        self._actions = actions
         space = self.client._space()[1]
         if isinstance(space, gym.spaces.Discrete | gym.spaces.Box | gym.spaces.MultiDiscrete
                       | gym.spaces.MultiBinary):  # fmt: skip
-            return np.asarray(self._actions, dtype=space.dtype)
+            return np.asarray(actions, dtype=space.dtype)
+        values = [self.client._decode_one(action) for action in actions]
         out: Any = gym.vector.utils.create_empty_array(space, self.num_envs)
-        return gym.vector.utils.concatenate(space, self._actions, out)
+        return gym.vector.utils.concatenate(space, values, out)
 
 
 def _final_observations(observations: Any, done: np.ndarray,

@@ -17,6 +17,7 @@ from server_fixtures import cartpole_config, running_server
 from pipeline.client import PolicyClient, RequestRejected
 from pipeline.errors import ConfigError, SchemaError
 from pipeline.vector import VectorEpisodes
+from server.config import ServerConfig
 
 ENVS = 4
 
@@ -163,3 +164,30 @@ def test_vector_episodes_config_is_checked() -> None:
         ConfigError, match=re.escape("autoreset_mode: expected AutoresetMode.NEXT_STEP")
     ):
         VectorEpisodes(client, 2, autoreset_mode=AutoresetMode.DISABLED)
+
+
+def test_box_actions_come_back_as_the_vector_env_takes_them(tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    env = gym.make("Pendulum-v1")
+    config = ServerConfig(data=data, observation_space=env.observation_space,
+                          action_space=env.action_space, env_id="Pendulum-v1")  # fmt: skip
+    envs = gym.make_vec("Pendulum-v1", num_envs=3, vectorization_mode="sync")
+    with running_server(config) as server:
+        client = PolicyClient(server.url, inference_mode="remote")
+        vector = VectorEpisodes(client, 3)
+        observations, _ = envs.reset(seed=0)
+        actions = vector.reset(list(observations))  # single observations, not one array
+        for _ in range(5):
+            assert actions.shape == (3, 1) and actions.dtype == np.float32
+            assert envs.action_space.contains(actions)
+            observations, rewards, terminated, truncated, infos = envs.step(actions)
+            actions = vector.step(observations, rewards, terminated, truncated, infos)
+        with pytest.raises(RequestRejected, match="expected finite numbers, got Infinity"):
+            vector.step(observations, [0.0, np.inf, 0.0], terminated, truncated)
+        observations, rewards, terminated, truncated, infos = envs.step(actions)
+        vector.close(observations, rewards, terminated, truncated, infos)
+        client.close()
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == 3 * 6 and steps["truncated"].sum() == 3
+    logged = np.stack(steps.sort_values("t")["action"].to_numpy())
+    assert logged.shape == (18, 1) and np.all(np.abs(logged) <= 2.0)
