@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline import InputReader
@@ -157,3 +158,32 @@ def test_offline_bc_learns_cartpole_from_a_scripted_controller(tmp_path: Path) -
     assert found is not None, out
     assert float(found.group(1)) >= 400
     assert list((run_dir / "checkpoints").glob("policy-*.npz"))
+
+
+@pytest.mark.parametrize("mode", ["remote", "local"])
+def test_vector_client_logs_each_sub_env_s_episodes(tmp_path: Path, mode: str) -> None:
+    data = tmp_path / "ds"
+    server = start_example("cartpole_server.py", "--data", str(data), "--port", "0")
+    try:
+        address = re.fullmatch(r"serving http://127\.0\.0\.1:(\d+) -> .*\n", first_line(server))
+        assert address is not None
+        client = run_example("cartpole_vector_client.py", "--port", address.group(1),
+                             "--inference-mode", mode, "--envs", "4", "--steps", "120",
+                             "--seed", "3")  # fmt: skip
+    finally:
+        server.send_signal(signal.SIGTERM)
+        served = finish(server)
+    assert served.returncode == 0, served.stderr
+    line = (r"^(\d+) steps in (\d+) episodes \((\d+) ended by the envs, (\d+) truncated by "
+            r"close\); all steps delivered: True$")  # fmt: skip
+    printed = re.search(line, client.stdout, re.M)
+    assert printed is not None, client.stdout
+    steps, episodes, ended, closed = map(int, printed.groups())
+    recorded = list(InputReader(data, episodes=True))
+    assert (sum(map(len, recorded)), len(recorded)) == (steps, episodes)
+    assert sum(bool(e.truncateds[-1]) for e in recorded) == closed
+    assert sum(bool(e.terminateds[-1]) for e in recorded) == ended  # no CartPole lasts 500 here
+    table = pq.read_table(data / "episodes", columns=["episode_id", "seed"]).to_pylist()
+    seeded = {row["episode_id"]: row["seed"] for row in table if row["seed"] is not None}
+    assert sorted(seeded.values()) == [3, 4, 5, 6]  # each sub-env's first episode
+    assert all(replay_episode(data, episode_id).exact for episode_id in seeded)
