@@ -99,12 +99,14 @@ def worker_vector(
     cpu = time.process_time()
     began = time.perf_counter()
     actions = vector.reset(observations)
-    while time.perf_counter() - began < seconds:
+    while True:
         observations, rewards, terminated, truncated, _ = sims.step(actions)
-        actions = vector.step(observations, rewards, terminated, truncated)
         steps += int(envs - ended.sum())
         ended = terminated | truncated
-    vector.close(observations)
+        if time.perf_counter() - began >= seconds:
+            vector.close(observations, rewards, terminated, truncated)
+            break
+        actions = vector.step(observations, rewards, terminated, truncated)
     sims.close()
     client.close()
     return {"steps": steps, "seconds": time.perf_counter() - began,
