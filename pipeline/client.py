@@ -114,8 +114,7 @@ class PolicyClient:
         options: Mapping[str, Any] | None = None,
     ) -> str:
         """Open an episode; ``seed`` and reset ``options`` are recorded so it can be replayed."""
-        # named here, so a retry is idempotent; unique because the client's id is
-        episode_id = episode_id or f"{self.client_id}{next(self._episode_numbers):08x}"
+        episode_id = episode_id or self._new_episode_id()
         if self._local is None:
             body = {
                 "episode_id": episode_id,
@@ -187,21 +186,9 @@ class PolicyClient:
         self._check_uploads()
         self._local.end(episode_id, observation, truncated, self._multiagent(observation))
 
-    def step_many(
-        self,
-        episode_ids: Sequence[str],
-        observations: Any,
-        rewards: Any = None,
-        terminated: Any = None,
-        truncated: Any = None,
-        starts: Sequence[Mapping[str, Any] | None] | None = None,
-        infos: Sequence[Any] | None = None,
-    ) -> list[Any]:
-        """Many episodes' steps in one request, for vectorized simulators (see
-        :func:`pipeline.vector.step_many`; :class:`pipeline.vector.VectorEpisodes` drives a
-        gymnasium vector env with it)."""
-        return vector.step_many(self, episode_ids, observations, rewards, terminated, truncated,
-                                starts, infos)  # fmt: skip
+    # many episodes' steps in one request, for vectorized simulators; VectorEpisodes drives a
+    # gymnasium vector env with it
+    step_many = vector.step_many
 
     def update_policy_weights(self) -> None:
         """Pull the newest weights now (local mode); 304 when they have not changed."""
@@ -245,6 +232,10 @@ class PolicyClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _new_episode_id(self) -> str:
+        """Named here, so a retry is idempotent; unique because the client's id is."""
+        return f"{self.client_id}{next(self._episode_numbers):08x}"
 
     # --- remote inference ------------------------------------------------------------------
 

@@ -123,12 +123,7 @@ def _encode(body: dict[str, Any]) -> bytes:
             return orjson.dumps(fast, option=orjson.OPT_SERIALIZE_NUMPY)
         except orjson.JSONEncodeError:  # a dtype orjson does not write (float16)
             pass
-    if isinstance(observations, np.ndarray):
-        observations = observations.tolist()
-    else:
-        observations = [jsonable(observation) for observation in observations]
-    plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in body.items()}
-    return json.dumps({**plain, "observations": observations}, separators=(",", ":")).encode()
+    return json.dumps(jsonable(body), separators=(",", ":")).encode()
 
 
 def _local(client: PolicyClient, rows: _Rows) -> list[Any]:
@@ -232,7 +227,7 @@ class VectorEpisodes:
         seeds = [None] * n if seeds is None else list(seeds)
         if len(seeds) != n:
             raise SchemaError.single("seeds", f"{n} seeds", f"{len(seeds)}")
-        ids = [self._new_id() for _ in range(n)]
+        ids = [self.client._new_episode_id() for _ in range(n)]
         no = np.zeros(n, bool)
         rows = _Rows(ids, _observation_rows(observations, n), np.zeros(n), no, no,
                      [self._start(seed, options) for seed in seeds])  # fmt: skip
@@ -252,7 +247,7 @@ class VectorEpisodes:
         if fresh:  # they ended last step: these observations start their next episodes
             rows.starts = [None] * n
             for i in fresh:
-                self.episode_ids[i] = self._new_id()
+                self.episode_ids[i] = self.client._new_episode_id()
                 rows.starts[i] = self._start(None, None)
             rows.rewards = rows.rewards.copy()
             rows.rewards[fresh] = 0.0
@@ -291,7 +286,7 @@ class VectorEpisodes:
         done = rows.terminated | rows.truncated
         ended = np.flatnonzero(done).tolist()
         batch = _final_observations(observations, done, infos)
-        fresh = [self._new_id() for _ in ended]
+        fresh = [self.client._new_episode_id() for _ in ended]
         extra = np.zeros(len(ended), bool)
         rows = _Rows(
             [i for i in self.episode_ids if i is not None] + fresh,
@@ -305,9 +300,6 @@ class VectorEpisodes:
             self.episode_ids[i] = fresh[k]
             actions[i] = actions[n + k]
         return self._batch(actions[:n])
-
-    def _new_id(self) -> str:
-        return f"{self.client.client_id}{next(self.client._episode_numbers):08x}"
 
     def _start(self, seed: int | None, options: Mapping[str, Any] | None) -> dict[str, Any]:
         start: dict[str, Any] = {"training_enabled": self.training_enabled}
