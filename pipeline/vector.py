@@ -4,9 +4,9 @@ as episodes.
 A simulator that steps N envs at once would pay N round trips through the one-episode verbs.
 :func:`step_many` sends the N steps in the server's columnar batch form (``docs/protocol.md``,
 "Vectorized simulators") as one request: one forward pass and one durable write on the server.
-Its rows carry each episode's request number, as the one-episode verbs' requests do. The server
-does not use them yet: a batch retried after its answer was lost may be stored twice (open in
-issue 3), where a retried one-episode request is answered again.
+Its rows carry each episode's request number, as the one-episode verbs' requests do, so a batch
+the transport sends again after its answer was lost gets its first answer again and is stored
+once (:mod:`server.replays`).
 
 :class:`VectorEpisodes` keeps the bookkeeping a gymnasium vector env needs on top: which episode
 each sub-env is in, a new one whenever a sub-env resets itself, and an action for a sub-env whose

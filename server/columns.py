@@ -23,6 +23,7 @@ import numpy as np
 from pipeline import layout
 from pipeline.errors import SchemaError
 from pipeline.recorder import Episode, Pending
+from server import replays
 from server.combiner import Combiner
 from server.errors import ApiError
 
@@ -35,7 +36,8 @@ class ColumnStep:
     """One request's rows: episode ``i`` observed ``observations[i]`` after earning ``rewards[i]``.
 
     ``ends[i]`` is None to ask for an action, else how the episode ended (its observation is the
-    final one). ``requests[i]`` is the client's number for a single-episode request (retries).
+    final one). ``requests[i]`` is the client's number of the request in episode ``i`` (None when
+    unnumbered): what a retry is recognised by (:mod:`server.replays`).
     """
 
     episode_ids: list[str]
@@ -231,28 +233,20 @@ def _nothing_done(error: BaseException) -> bool:
 
 
 def _replay(step: ColumnStep, episodes: list[Episode]) -> ColumnAnswer | None:
-    """The answer a retried single-episode request already got, or None to run it."""
-    if len(episodes) != 1:
+    """The answers a retried request already got, or None to run it (a 409 if it is neither)."""
+    if step.requests.count(None) == len(step.requests):
         return None
-    answer = replayed_answer(episodes[0], step.requests[0])
-    if answer is None:
-        return None
-    return ColumnAnswer([answer.get("action")], [answer.get("action_logp")],
-                        answer.get("policy_version"), [answer])  # fmt: skip
+    field = "request" if step.answers else "requests"  # the columnar batch form's name
+    answers = replays.replayed(episodes, step.requests, field)
+    return None if answers is None else column_answer(answers)
 
 
-def replayed_answer(episode: Episode, request: int | None) -> dict[str, Any] | None:
-    """For a numbered request: the answer it already got if it is a retry, None if it is the
-    next one, a 409 if it is neither (both step paths keep this one rule)."""
-    if request is None:
-        return None
-    if episode.last_request is not None and episode.last_request[0] == request:
-        answer: dict[str, Any] = episode.last_request[1]
-        return answer
-    if request != episode.requests + 1:
-        raise ApiError(409, f"field 'request': expected {episode.requests + 1} (the next request "
-                            f"of episode '{episode.episode_id}'), got {request}")  # fmt: skip
-    return None
+def column_answer(answers: list[dict[str, Any]]) -> ColumnAnswer:
+    """The per-row answers a request got, as the columns of its answer again."""
+    versions = [a["policy_version"] for a in answers if a.get("policy_version") is not None]
+    return ColumnAnswer([answer.get("action") for answer in answers],
+                        [answer.get("action_logp") for answer in answers],
+                        versions[0] if versions else None, answers)  # fmt: skip
 
 
 def _answer(episode_id: str, end: str | None, action: Any, logp: float | None,

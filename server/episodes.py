@@ -75,6 +75,18 @@ class EpisodeBook:
             last = self._ended.get(episode_id)
         return last[1] if request is not None and last is not None and last[0] == request else None
 
+    def last_requests(self, episode_ids: list[str]) -> list[tuple[int, Any] | None]:
+        """Each episode's last numbered request and its answer, open or recently ended (None if
+        it has none or is unknown): what a retried batch is recognised by before it starts or
+        finds its episodes."""
+        with self._lock:
+            return [
+                episode.last_request if episode is not None else self._ended.get(episode_id)
+                for episode_id, episode in zip(
+                    episode_ids, map(self._open.get, episode_ids), strict=True
+                )
+            ]
+
     def idle(self, older_than_s: float) -> list[Episode]:
         cutoff = time.monotonic() - older_than_s
         with self._lock:

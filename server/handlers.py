@@ -16,8 +16,15 @@ import pyarrow as pa
 
 from pipeline import layout
 from pipeline.recorder import Episode
-from server import errors
-from server.columns import TERMINATED, TRUNCATED, ColumnAnswer, ColumnStep, ColumnStepper
+from server import errors, replays
+from server.columns import (
+    TERMINATED,
+    TRUNCATED,
+    ColumnAnswer,
+    ColumnStep,
+    ColumnStepper,
+    column_answer,
+)
 from server.config import ServerConfig
 from server.errors import ApiError
 from server.messages import (
@@ -139,11 +146,16 @@ def batch_step(service: Service, doc: dict[str, Any], remote_addr: str | None,
         raise errors.bad_request("episodes", "a non-empty list of episode steps",
                                  type(entries).__name__)  # fmt: skip
     checked = checked_observations(service.observation_space, entries)
+    counts.steps = len(entries)
+    numbered = [_numbered(entry, f"episodes[{i}]") for i, entry in enumerate(entries)]
+    ids, requests = [i for i, _ in numbered], [request for _, request in numbered]
+    replayed = _replayed(service, ids, requests, "request")
+    if replayed is not None:
+        return {"episodes": replayed}
     items = [
-        _batch_item(service, entry, f"episodes[{i}].", remote_addr, checked[i])
+        _batch_item(service, entry, f"episodes[{i}].", remote_addr, checked[i], *numbered[i])
         for i, entry in enumerate(entries)
     ]
-    counts.steps = len(items)
     return {"episodes": service.step(items)}
 
 
@@ -152,21 +164,39 @@ def _column_batch(service: Service, doc: dict[str, Any], remote_addr: str | None
     """The columnar batch form: lists of one entry per episode in, lists of actions out."""
     if service.columns is None:  # the general path takes it row by row
         entries = _column_entries(doc)
-        return {"episodes": batch_step(service, {"episodes": entries}, remote_addr, counts)[
-            "episodes"]}  # fmt: skip
-    step, starts = column_batch(doc, service.observation_space)
-    answer = _run_columns(service, service.columns, step, starts, remote_addr, counts)
-    return {"episode_ids": step.episode_ids, "actions": answer.actions,
-            "action_logp": answer.action_logp, "policy_version": answer.policy_version}  # fmt: skip
+        ids = [entry["episode_id"] for entry in entries]
+        answers = batch_step(service, {"episodes": entries}, remote_addr, counts)["episodes"]
+        answer = column_answer(answers)
+    else:
+        step, starts = column_batch(doc, service.observation_space)
+        ids = step.episode_ids
+        answer = _run_columns(service, service.columns, step, starts, remote_addr, counts)
+    return {"episode_ids": ids, "actions": answer.actions, "action_logp": answer.action_logp,
+            "policy_version": answer.policy_version}  # fmt: skip
 
 
 def _run_columns(service: Service, columns: ColumnStepper, step: ColumnStep, starts: list[Any],
                  remote_addr: str | None, counts: Counts) -> ColumnAnswer:  # fmt: skip
     counts.steps = len(step.episode_ids)
+    replayed = _replayed(service, step.episode_ids, step.requests, "requests")
+    if replayed is not None:
+        return column_answer(replayed)
     for episode_id, start in zip(step.episode_ids, starts, strict=True):
         if start is not None:
             service.start(_episode(service, episode_id, start, remote_addr))
     return columns.submit(step)
+
+
+def _replayed(service: Service, episode_ids: list[str], requests: list[int | None],
+              field: str) -> list[dict[str, Any]] | None:  # fmt: skip
+    """A retried batch's earlier answers, found before its starts run and its episodes are
+    looked up (its rows may have started or ended them); None for a new batch. A retry that
+    arrives while the first try still runs is recognised by the step itself, under the
+    episodes' locks."""
+    if requests.count(None) == len(requests):
+        return None
+    lasts = service.episodes.last_requests(episode_ids)
+    return replays.replayed_rows(episode_ids, requests, lasts, field)
 
 
 def _column_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -177,7 +207,8 @@ def _column_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
                                  type(ids).__name__)  # fmt: skip
     entries: list[dict[str, Any]] = [{"episode_id": episode_id} for episode_id in ids]
     plural = {"observations": "observation", "rewards": "reward", "terminated": "terminated",
-              "truncated": "truncated", "starts": "start", "infos": "info"}  # fmt: skip
+              "truncated": "truncated", "starts": "start", "infos": "info",
+              "requests": "request"}  # fmt: skip
     for key, name in plural.items():
         values = doc.get(key)
         if values is None:
@@ -191,12 +222,18 @@ def _column_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return entries
 
 
-def _batch_item(service: Service, entry: Any, prefix: str, remote_addr: str | None,
-                checked: pa.Array | None) -> StepItem:  # fmt: skip
-    """One entry of the batch form: starts its episode if asked, ends it when it says so."""
+def _numbered(entry: Any, name: str) -> tuple[str, int | None]:
+    """An entry of the batch form's episode id and request number, checked."""
     if not isinstance(entry, dict):
-        raise errors.bad_request(prefix.rstrip("."), "an object", type(entry).__name__)
-    episode_id = episode_id_of(entry.get("episode_id"), prefix + "episode_id")
+        raise errors.bad_request(name, "an object", type(entry).__name__)
+    episode_id = episode_id_of(entry.get("episode_id"), name + ".episode_id")
+    return episode_id, optional_int(entry, "request", name + ".request")
+
+
+def _batch_item(service: Service, entry: dict[str, Any], prefix: str, remote_addr: str | None,
+                checked: pa.Array | None, episode_id: str,
+                request: int | None) -> StepItem:  # fmt: skip
+    """One entry of the batch form: starts its episode if asked, ends it when it says so."""
     start = {} if entry.get("start") is True else entry.get("start")
     if isinstance(start, dict):
         service.start(_episode(service, episode_id, start, remote_addr))
@@ -205,7 +242,7 @@ def _batch_item(service: Service, entry: Any, prefix: str, remote_addr: str | No
     terminated = optional_bool(entry, "terminated", False)
     truncated = optional_bool(entry, "truncated", False)
     kind = END if terminated or truncated else ACT
-    return StepItem(episode, step, kind, truncated and not terminated)
+    return StepItem(episode, step, kind, truncated and not terminated, request)
 
 
 def upload(service: Service, header: Callable[[str], str | None], content_type: str | None,

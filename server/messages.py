@@ -48,10 +48,11 @@ def parse_json(body: bytes, content_type: str | None) -> dict[str, Any]:
         pass
     try:
         doc = json.loads(body or b"{}", parse_constant=_refuse_constant)
-    except ApiError:
-        raise
+    except _NonFinite:
+        doc = json.loads(body)  # NaN and Infinity read this time, to name where they are
     except (ValueError, UnicodeDecodeError) as error:
         raise ApiError(400, f"body: expected a JSON object, got malformed JSON ({error})") from None
+    _refuse_non_finite(doc)  # also 1e999, which json reads as infinity
     return _object(doc)
 
 
@@ -61,8 +62,27 @@ def _object(doc: Any) -> dict[str, Any]:
     return doc
 
 
+class _NonFinite(Exception):
+    """NaN, Infinity or -Infinity in a body: JSON has no such numbers, Python's json reads them."""
+
+
 def _refuse_constant(name: str) -> Any:
-    raise ApiError(400, f"body: expected finite numbers, got {name}")
+    raise _NonFinite(name)
+
+
+def _refuse_non_finite(doc: Any) -> None:
+    """The 400 naming the first non-finite number's field (``observations[1][2]``,
+    ``episodes[0].reward``), in the order the body gives them."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            got = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+            raise bad_request(path or "body", "finite numbers", got)
+        if isinstance(value, dict):
+            stack += reversed([(f"{path}.{key}" if path else key, v) for key, v in value.items()])
+        elif isinstance(value, list):
+            stack += reversed([(f"{path}[{i}]", item) for i, item in enumerate(value)])
 
 
 def parse_step(
@@ -201,12 +221,12 @@ def _finite(value: float) -> bool:
         return False
 
 
-def optional_int(doc: dict[str, Any], key: str) -> int | None:
+def optional_int(doc: dict[str, Any], key: str, name: str | None = None) -> int | None:
     value = doc.get(key)
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63
     ):
-        raise bad_request(key, "a 64-bit integer or null", repr(value))
+        raise bad_request(name or key, "a 64-bit integer or null", repr(value))
     return value
 
 
@@ -277,7 +297,8 @@ def column_batch(doc: dict[str, Any], space: gym.Space[Any]) -> tuple[ColumnStep
             _info(info, f"infos[{i}]") for i, info in enumerate(_column(doc, "infos", n, None))
         ]
     ends = [_end(te, tr) for te, tr in zip(terminated, truncated, strict=True)]
-    step = ColumnStep(episode_ids, observations, rewards, infos, ends, [None] * n, answers=False)
+    requests = _requests(_column(doc, "requests", n, None))
+    step = ColumnStep(episode_ids, observations, rewards, infos, ends, requests, answers=False)
     return step, starts
 
 
@@ -285,7 +306,7 @@ def rows_as_columns(entries: list[Any], space: gym.Space[Any]) -> tuple[ColumnSt
     """The ``episodes`` batch form as columns, when every entry is a single-agent step."""
     columns: dict[str, list[Any]] = {
         "episode_ids": [], "observations": [], "rewards": [], "terminated": [], "truncated": [],
-        "starts": [], "infos": [],
+        "starts": [], "infos": [], "requests": [],
     }  # fmt: skip
     for i, entry in enumerate(entries):
         columns["episode_ids"].append(entry.get("episode_id"))
@@ -296,8 +317,10 @@ def rows_as_columns(entries: list[Any], space: gym.Space[Any]) -> tuple[ColumnSt
         start = {} if entry.get("start") is True else entry.get("start")
         columns["starts"].append(start if isinstance(start, dict) else None)
         columns["infos"].append(entry.get("info"))
-    if all(info is None for info in columns["infos"]):
-        del columns["infos"]
+        columns["requests"].append(optional_int(entry, "request", f"episodes[{i}].request"))
+    for key in ("infos", "requests"):
+        if all(value is None for value in columns[key]):
+            del columns[key]
     step, starts = column_batch(columns, space)
     step.answers = True
     return step, starts
@@ -333,6 +356,13 @@ def _rewards(values: list[Any]) -> list[float]:
     if set(map(type, values)) <= {float, int} and all(map(_finite, values)):
         return [float(value) for value in values]
     return [_reward(value, f"rewards[{i}]") for i, value in enumerate(values)]
+
+
+def _requests(values: list[Any]) -> list[int | None]:
+    """Request numbers (64-bit integers or nulls), else the 400 that names the first bad one."""
+    if values.count(None) == len(values):
+        return values
+    return [optional_int({"request": v}, "request", f"requests[{i}]") for i, v in enumerate(values)]
 
 
 def _flags(doc: dict[str, Any], key: str, n: int) -> list[bool]:

@@ -38,6 +38,12 @@ _COLUMNS = {
         "truncated": {"type": "array", "items": {"type": "boolean"}},
         "starts": {"type": "array", "items": {"type": ["object", "null"]}},
         "infos": _LIST,
+        "requests": {
+            "type": "array",
+            "items": {"type": ["integer", "null"]},
+            "description": "each episode's request number: a whole batch repeated "
+            "is answered again",
+        },
     },
 }
 
@@ -136,11 +142,12 @@ def document() -> dict[str, Any]:
             "/v1/actions": {
                 "post": _op(
                     "Batch form, columnar: {'episode_ids', 'observations', 'rewards', "
-                    "'terminated', 'truncated', 'starts', 'infos'}, one list entry per env, "
-                    "answered {'episode_ids', 'actions', 'action_logp', 'policy_version'}; or "
-                    "per env: {'episodes': [{episode_id, observation, reward, terminated, "
-                    "truncated, start, info}]}, answered {'episodes': [...]}. An entry with a "
-                    "start opens its episode; one with terminated or truncated ends it.",
+                    "'terminated', 'truncated', 'starts', 'infos', 'requests'}, one list entry "
+                    "per env, answered {'episode_ids', 'actions', 'action_logp', "
+                    "'policy_version'}; or per env: {'episodes': [{episode_id, observation, "
+                    "reward, terminated, truncated, start, info, request}]}, answered "
+                    "{'episodes': [...]}. A batch sent again whole is answered again. An entry "
+                    "with a start opens its episode; one with terminated or truncated ends it.",
                     _json({"oneOf": [_COLUMNS, {"type": "object", "required": ["episodes"]}]}),
                     errors=("404", "409", "503"),
                 )

@@ -27,7 +27,8 @@ import pyarrow as pa
 from pipeline.errors import DatasetError, SchemaError
 from pipeline.recorder import Episode, Pending, Row
 from pipeline.writer import DatasetWriter
-from server.columns import ColumnStepper, replayed_answer
+from server import replays
+from server.columns import ColumnStepper
 from server.combiner import Combiner
 from server.config import ServerConfig
 from server.episodes import EpisodeBook, ended_message
@@ -101,8 +102,8 @@ class Service:
     def step(self, items: Sequence[StepItem]) -> list[dict[str, Any]]:
         """Complete, act, write, advance: the body of get_action, log_action and end_episode.
 
-        A single-episode request that repeats the client's last request number gets the answer
-        it already got, without a second row: that is what makes retrying a timed-out call safe.
+        A request whose numbered rows repeat their episodes' last requests gets the answers it
+        already got, without a second row: that is what makes retrying a timed-out call safe.
         """
         episodes = {item.episode.episode_id: item.episode for item in items}
         if len(episodes) != len(items):
@@ -114,9 +115,10 @@ class Service:
             for item in items:
                 if item.episode.ended:
                     raise ApiError(409, ended_message(item.episode.episode_id))
-            replayed = [replayed_answer(item.episode, item.request) for item in items]
-            if all(r is not None for r in replayed):
-                return [r for r in replayed if r is not None]
+            replayed = replays.replayed([item.episode for item in items],
+                                        [item.request for item in items])  # fmt: skip
+            if replayed is not None:
+                return replayed
             results = self._step(items)
             for item, result in zip(items, results, strict=True):
                 item.episode.requests += 1

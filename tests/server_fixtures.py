@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +41,17 @@ class Running:
 
 
 def cartpole_config(data: Path, **overrides: Any) -> ServerConfig:
-    env = gym.make("CartPole-v1")
+    return env_config(data, "CartPole-v1", **overrides)
+
+
+def env_config(data: Path, env_id: str, **overrides: Any) -> ServerConfig:
+    """A server for a registered gymnasium env's spaces."""
+    env = gym.make(env_id)
     config = ServerConfig(
         data=data,
         observation_space=env.observation_space,
         action_space=env.action_space,
-        env_id="CartPole-v1",
+        env_id=env_id,
         **overrides,
     )
     env.close()
@@ -120,3 +125,50 @@ def cartpole_checkpoint(directory: Path, version: int, seed: int = 0) -> Path:
         "pi.1.bias": np.zeros(2, np.float32),
     }
     return save_checkpoint(directory, Checkpoint(version, spec, weights))
+
+
+@contextmanager
+def lossy_proxy(target: str, drop: Callable[[str, bytes], bool]) -> Iterator[str]:
+    """An HTTP proxy on loopback in front of ``target`` that forwards every request and loses the
+    answers ``drop(path, body)`` picks: the server did the work, the client never hears of it
+    and sees its connection closed (what a retry after a timeout or a broken link sees)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=_forward, args=(connection, target, drop), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def _forward(connection: socket.socket, target: str, drop: Callable[[str, bytes], bool]) -> None:
+    """Requests of one keep-alive connection, forwarded one at a time."""
+    with connection, connection.makefile("rb") as reader:
+        while request_line := reader.readline():
+            method, path, _ = request_line.decode().split(" ", 2)
+            headers = {}
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, value = line.decode().split(":", 1)
+                headers[name.strip().lower()] = value.strip()
+            body = reader.read(int(headers.get("content-length", 0)))
+            sent = {k: v for k, v in headers.items() if k not in ("host", "connection")}
+            answer = requests.request(method, target + path, data=body, headers=sent, timeout=30)
+            if drop(path, body):
+                return  # served, and the answer lost
+            head = (f"HTTP/1.1 {answer.status_code} {answer.reason}\r\n"
+                    f"Content-Type: {answer.headers.get('Content-Type', 'text/plain')}\r\n"
+                    f"Content-Length: {len(answer.content)}\r\n\r\n")  # fmt: skip
+            connection.sendall(head.encode() + answer.content)

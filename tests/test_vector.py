@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import pandas as pd
 import pytest
 import requests
 from gymnasium.vector import AutoresetMode
-from server_fixtures import cartpole_config, running_server
+from server_fixtures import cartpole_config, env_config, lossy_proxy, running_server
 
 from pipeline.client import PolicyClient, RequestRejected
 from pipeline.errors import ConfigError, SchemaError
@@ -99,6 +101,109 @@ def test_a_vector_env_lands_as_episodes_one_request_per_step(
     _check_log(data, run)
 
 
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_batches_whose_answers_were_lost_are_sent_again_and_stored_once(
+    tmp_path: Path, mode: AutoresetMode
+) -> None:
+    """The server does a batch's work and its answer is lost on the way (a proxy drops it): the
+    client sends the batch again, and the server answers with what it answered the first time,
+    storing nothing twice, for rows that start, step and end episodes alike."""
+    data, answers = tmp_path / "ds", defaultdict(list)
+    lost: list[dict[str, Any]] = []
+
+    def drop(path: str, body: bytes) -> bool:
+        if path != "/v1/actions":
+            return False
+        doc, n = json.loads(body), len(answers)
+        answers[body].append(n)  # each try of each batch
+        first_try = len(answers[body]) == 1
+        ends = any(doc["terminated"]) or any(doc["truncated"])
+        if first_try and (n in (0, 3) or (ends and sum(any(d["terminated"]) for d in lost) < 2)):
+            lost.append(doc)
+            return True
+        return False
+
+    with running_server(cartpole_config(data)) as server, lossy_proxy(server.url, drop) as url:
+        client = PolicyClient(url, inference_mode="remote")
+        run = _run(client, mode, 60)
+        client.close()
+    assert len(lost) == 4, "the reset, a plain step and two batches that ended episodes"
+    assert [start["seed"] for start in lost[0]["starts"]] == [10, 11, 12, 13]
+    assert sum(any(doc["terminated"]) for doc in lost) == 2, "two lost batches ended episodes"
+    assert sorted(len(tries) for tries in answers.values()).count(2) == 4  # each lost one, again
+    _check_log(data, run)  # every step once: the retries stored nothing
+
+
+def test_a_retried_batch_is_recognised_whole_or_refused(tmp_path: Path) -> None:
+    """Request numbers decide: a batch whose rows all repeat their episodes' last requests gets
+    its first answer again (even for an episode it ended); one that repeats some rows and not
+    others, or skips a number, gets a 409 and writes nothing."""
+    data = tmp_path / "ds"
+    observations = [[0.01, 0.02, 0.03, 0.04], [0.0, 0.1, 0.0, 0.1]]
+    with running_server(cartpole_config(data)) as server:
+
+        def send(requests_: list[int], **more: Any) -> requests.Response:
+            body = {"episode_ids": ["a", "b"], "observations": observations,
+                    "requests": requests_, **more}  # fmt: skip
+            return requests.post(server.url + "/v1/actions", json=body, timeout=10)
+
+        first = send([1, 1], starts=[{}, {}])
+        assert send([1, 1], starts=[{}, {}]).json() == first.json()
+        second = send([2, 2], rewards=[1.0, 1.0], terminated=[False, True])
+        assert send([2, 2], rewards=[1.0, 1.0], terminated=[False, True]).json() == second.json()
+        assert second.json()["actions"][1] is None
+        refused = [send([2, 3]), send([4, 3])]
+        assert [r.status_code for r in refused] == [409, 409]
+        assert refused[0].json()["error"]["message"] == (
+            "field 'requests': episodes ['a'] repeat their last request and episodes ['b'] do "
+            "not; send a retried batch again whole, as it was first sent")  # fmt: skip
+        ended = "episode 'b' has ended; call start_episode() for a new one"
+        assert refused[1].json()["error"]["message"] == ended
+        single = requests.post(server.url + "/v1/actions", timeout=10, json={
+            "episode_ids": ["a"], "observations": observations[:1], "requests": [4]})  # fmt: skip
+        assert single.status_code == 409 and single.json()["error"]["message"] == (
+            "field 'requests': expected 3 (the next request of episode 'a'), got 4")  # fmt: skip
+    steps = pd.read_parquet(data / "steps")
+    assert sorted(zip(steps["episode_id"], steps["t"], strict=True)) == [
+        ("a", 0), ("a", 1), ("b", 0)]  # fmt: skip  # a's t=1: closed at shutdown
+    assert len(pd.read_parquet(data / "episodes")) == 2
+
+
+def test_a_vector_env_of_discrete_observations_takes_the_row_path(tmp_path: Path) -> None:
+    """FrozenLake's observations are integers, which the server's columnar path does not take:
+    the batch form goes row by row and still answers in columns, and retries still replay."""
+    data, tries = tmp_path / "ds", defaultdict(int)
+
+    def drop(path: str, body: bytes) -> bool:
+        tries[body] += 1
+        return path == "/v1/actions" and tries[body] == 1 and len(tries) % 4 == 0
+
+    envs = gym.make_vec("FrozenLake-v1", num_envs=ENVS, vectorization_mode="sync")
+    taken, ends = 0, 0
+    with running_server(env_config(data, "FrozenLake-v1")) as server, lossy_proxy(
+        server.url, drop
+    ) as url:  # fmt: skip
+        client = PolicyClient(url, inference_mode="remote")
+        vector = VectorEpisodes(client, ENVS)
+        observations, _ = envs.reset(seed=0)
+        actions = vector.reset(observations, seeds=list(range(ENVS)))
+        ended = np.zeros(ENVS, bool)
+        for _ in range(30):
+            assert envs.action_space.contains(actions)
+            observations, rewards, terminated, truncated, infos = envs.step(actions)
+            taken += int(ENVS - ended.sum())
+            ended = terminated | truncated
+            ends += int(ended.sum())
+            actions = vector.step(observations, rewards, terminated, truncated, infos)
+        vector.close(observations, rewards, terminated, truncated, infos)
+        client.close()
+    steps = pd.read_parquet(data / "steps")
+    assert ends > 0 and sum(n == 2 for n in tries.values()) >= 5
+    assert not steps.duplicated(["episode_id", "t"]).any()
+    assert len(steps) == taken + ENVS - int(ended.sum()) and steps["terminated"].sum() == ends
+    assert len(pd.read_parquet(data / "episodes")) == ends + ENVS - int(ended.sum())
+
+
 def test_local_inference_logs_the_same_episodes(tmp_path: Path) -> None:
     data = tmp_path / "ds"
     with running_server(cartpole_config(data)) as server:
@@ -137,7 +242,10 @@ def test_bad_input_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
         client.step_many(["a", "b"], good, starts=[{}, {}])
         nan = good.copy()
         nan[1, 2] = np.nan
-        with pytest.raises(RequestRejected, match="expected finite numbers, got NaN"):
+        with pytest.raises(
+            RequestRejected,
+            match=re.escape("field 'observations[1][2]': expected finite numbers, got NaN"),
+        ):
             client.step_many(["a", "b"], nan)  # sent as NaN (not null), so the server names it
         with pytest.raises(
             SchemaError,
@@ -182,7 +290,10 @@ def test_box_actions_come_back_as_the_vector_env_takes_them(tmp_path: Path) -> N
             assert envs.action_space.contains(actions)
             observations, rewards, terminated, truncated, infos = envs.step(actions)
             actions = vector.step(observations, rewards, terminated, truncated, infos)
-        with pytest.raises(RequestRejected, match="expected finite numbers, got Infinity"):
+        with pytest.raises(
+            RequestRejected,
+            match=re.escape("field 'rewards[1]': expected finite numbers, got Infinity"),
+        ):
             vector.step(observations, [0.0, np.inf, 0.0], terminated, truncated)
         observations, rewards, terminated, truncated, infos = envs.step(actions)
         vector.close(observations, rewards, terminated, truncated, infos)
