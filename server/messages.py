@@ -362,6 +362,8 @@ def _requests(values: list[Any]) -> list[int | None]:
     """Request numbers (64-bit integers or nulls), else the 400 that names the first bad one."""
     if values.count(None) == len(values):
         return values
+    if set(map(type, values)) == {int} and min(values) >= -(2**63) and max(values) < 2**63:
+        return values  # the usual batch: checked a list at a time
     return [optional_int({"request": v}, "request", f"requests[{i}]") for i, v in enumerate(values)]
 
 
