@@ -219,11 +219,15 @@ class ColumnStepper:
                     answers.append(answer)
                     if request is not None:
                         episode.last_request = (episode.requests, answer)
-                if end_ is not None:
-                    self._service.episodes.finish(episode)
             out.append(ColumnAnswer(row_actions[start:end], row_logp[start:end], version,
                                     answers))  # fmt: skip
             start = end
+        # ended only now: a copy of a request that finds one of its episodes ended finds every
+        # answer of the first try in place (handlers._late_replay)
+        ends = [end for step in steps for end in step.ends]
+        for episode, end_ in zip(episodes, ends, strict=True):
+            if end_ is not None:
+                self._service.episodes.finish(episode)
         return out
 
 

@@ -69,12 +69,6 @@ class EpisodeBook:
             while len(self._ended) > self._remember:
                 self._ended.popitem(last=False)
 
-    def replay(self, episode_id: str, request: int | None) -> Any:
-        """The answer an ended episode gave to ``request``, if that was its last (a retried end)."""
-        with self._lock:
-            last = self._ended.get(episode_id)
-        return last[1] if request is not None and last is not None and last[0] == request else None
-
     def last_requests(self, episode_ids: list[str]) -> list[tuple[int, Any] | None]:
         """Each episode's last numbered request and its answer, open or recently ended (None if
         it has none or is unknown): what a retried batch is recognised by before it starts or

@@ -96,10 +96,18 @@ def episode_step(service: Service, episode_id: str, kind: str, doc: dict[str, An
                  counts: Counts) -> dict[str, Any]:  # fmt: skip
     """get_action, log_action or end_episode for one episode."""
     counts.steps = 1
-    replayed = service.episodes.replay(episode_id, optional_int(doc, "request"))
+    request = optional_int(doc, "request")
+    replayed = _replayed(service, [episode_id], [request], "request")
     if replayed is not None:
-        answer: dict[str, Any] = replayed
-        return answer
+        return replayed[0]
+    try:
+        return _episode_step(service, episode_id, kind, doc, request, counts)
+    except ApiError as error:
+        return _late_replay(service, error, [episode_id], [request], "request")[0]
+
+
+def _episode_step(service: Service, episode_id: str, kind: str, doc: dict[str, Any],
+                  request: int | None, counts: Counts) -> dict[str, Any]:  # fmt: skip
     episode = service.episodes.get(episode_id)
     truncated = optional_bool(doc, "truncated", False)
     if service.columns is not None and kind != LOG and _single_agent(doc):
@@ -109,8 +117,7 @@ def episode_step(service: Service, episode_id: str, kind: str, doc: dict[str, An
     step = parse_step(doc, service.observation_space,
                       service.action_space if kind == LOG else None)  # fmt: skip
     counts.steps = len(step.observations)
-    item = StepItem(episode, step, kind, truncated, optional_int(doc, "request"))
-    return service.step([item])[0]
+    return service.step([StepItem(episode, step, kind, truncated, request)])[0]
 
 
 def _single_agent(doc: dict[str, Any]) -> bool:
@@ -152,11 +159,14 @@ def batch_step(service: Service, doc: dict[str, Any], remote_addr: str | None,
     replayed = _replayed(service, ids, requests, "request")
     if replayed is not None:
         return {"episodes": replayed}
-    items = [
-        _batch_item(service, entry, f"episodes[{i}].", remote_addr, checked[i], *numbered[i])
-        for i, entry in enumerate(entries)
-    ]
-    return {"episodes": service.step(items)}
+    try:
+        items = [
+            _batch_item(service, entry, f"episodes[{i}].", remote_addr, checked[i], *numbered[i])
+            for i, entry in enumerate(entries)
+        ]
+        return {"episodes": service.step(items)}
+    except ApiError as error:
+        return {"episodes": _late_replay(service, error, ids, requests, "request")}
 
 
 def _column_batch(service: Service, doc: dict[str, Any], remote_addr: str | None,
@@ -181,10 +191,14 @@ def _run_columns(service: Service, columns: ColumnStepper, step: ColumnStep, sta
     replayed = _replayed(service, step.episode_ids, step.requests, "requests")
     if replayed is not None:
         return column_answer(replayed)
-    for episode_id, start in zip(step.episode_ids, starts, strict=True):
-        if start is not None:
-            service.start(_episode(service, episode_id, start, remote_addr))
-    return columns.submit(step)
+    try:
+        for episode_id, start in zip(step.episode_ids, starts, strict=True):
+            if start is not None:
+                service.start(_episode(service, episode_id, start, remote_addr))
+        return columns.submit(step)
+    except ApiError as error:
+        return column_answer(_late_replay(service, error, step.episode_ids, step.requests,
+                                          "requests"))  # fmt: skip
 
 
 def _replayed(service: Service, episode_ids: list[str], requests: list[int | None],
@@ -220,6 +234,18 @@ def _column_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
             if value is not None:
                 entry[name] = value
     return entries
+
+
+def _late_replay(service: Service, error: ApiError, episode_ids: list[str],
+                 requests: list[int | None], field: str) -> list[dict[str, Any]]:  # fmt: skip
+    """A copy of a batch that arrived while the first try ran (a retry after a timeout) and
+    found an episode that try ended: the first try's answers, else the error. Its answers are
+    all kept before it ends an episode (:meth:`ColumnStepper._answers`)."""
+    if error.status == 409:
+        answers = _replayed(service, episode_ids, requests, field)
+        if answers is not None:
+            return answers
+    raise error
 
 
 def _numbered(entry: Any, name: str) -> tuple[str, int | None]:

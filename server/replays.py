@@ -5,6 +5,11 @@ rows are not stored twice (``docs/protocol.md``, "Retrying is safe").
 A batch request (many episodes' rows) is run whole or not at all, so a retry of it repeats the
 last request of every numbered row, or of none. A batch that repeats some and not others is not
 the batch that was sent: it gets a 409 rather than half its rows stored twice.
+
+A copy may arrive while the first try still runs (the client gave up waiting): it waits for the
+episodes' locks and then finds the answers, or finds an episode the first try ended and looks
+again (:func:`server.handlers._late_replay`); the first try keeps every answer before it ends
+an episode, so that second look finds them all.
 """
 
 from __future__ import annotations

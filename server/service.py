@@ -123,6 +123,7 @@ class Service:
             for item, result in zip(items, results, strict=True):
                 item.episode.requests += 1
                 item.episode.last_request = (item.episode.requests, result)
+            for item in items:  # after every answer is kept: see ColumnStepper._answers
                 if item.kind == END:
                     self.episodes.finish(item.episode)
             return results

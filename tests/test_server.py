@@ -8,6 +8,7 @@ import re
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,24 @@ def test_a_retried_request_is_answered_again_without_a_second_row(tmp_path: Path
         assert [r.json() for r in ended] == [{"episode_id": "e", "ended": True}] * 2
     assert len(pd.read_parquet(data / "steps")) == 2
     assert len(pd.read_parquet(data / "episodes")) == 1
+
+
+def test_copies_of_an_end_sent_at_once_get_one_answer_and_store_once(tmp_path: Path) -> None:
+    """Copies of a numbered request that arrive while the first still runs (a retry after a
+    timeout) wait for it, then get its answer; for an end, too, which they find ended."""
+    data, rounds, copies = tmp_path / "ds", 20, 4
+    with running_server(cartpole_config(data)) as server:
+        for r in range(rounds):
+            _post(server.url, "/v1/episodes", {"episode_id": f"e{r}"})
+            _post(server.url, f"/v1/episodes/e{r}/actions", {"observation": OBS, "request": 1})
+            end = f"{server.url}/v1/episodes/e{r}/end"
+            with ThreadPoolExecutor(copies) as pool:
+                answers = list(pool.map(lambda url: requests.post(url, timeout=30, json={
+                    "observation": OBS, "request": 2}), [end] * copies))  # fmt: skip
+            assert [(a.status_code, a.json()) for a in answers] == [
+                (200, {"episode_id": f"e{r}", "ended": True})] * copies  # fmt: skip
+    assert len(pd.read_parquet(data / "steps")) == rounds
+    assert len(pd.read_parquet(data / "episodes")) == rounds
 
 
 def _upload(url: str, client: str, seq: int, table: pa.Table, name: str = "steps") -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,42 @@ def test_a_retried_batch_is_recognised_whole_or_refused(tmp_path: Path) -> None:
     assert sorted(zip(steps["episode_id"], steps["t"], strict=True)) == [
         ("a", 0), ("a", 1), ("b", 0)]  # fmt: skip  # a's t=1: closed at shutdown
     assert len(pd.read_parquet(data / "episodes")) == 2
+
+
+@pytest.mark.parametrize(
+    ("env_id", "observations"),
+    [("CartPole-v1", [[0.01, 0.02, 0.03, 0.04], [0.0, 0.1, 0.0, 0.1]]), ("FrozenLake-v1", [0, 5])],
+)
+def test_copies_of_a_batch_sent_at_once_get_one_answer_and_store_once(
+    tmp_path: Path, env_id: str, observations: list[Any]
+) -> None:
+    """Copies of one batch that arrive together (a retry sent while the first try still runs):
+    every copy gets the first try's answer, the batch that starts two episodes and the one that
+    ends them alike, and each row is stored once; on the columnar path (CartPole) and the row
+    path (FrozenLake's integer observations)."""
+    data, rounds, copies = tmp_path / "ds", 25, 4
+    with running_server(env_config(data, env_id)) as server:
+
+        def send(body: dict[str, Any]) -> list[Any]:
+            def post(_: int) -> Any:
+                answer = requests.post(server.url + "/v1/actions", json=body, timeout=30)
+                return answer.status_code, answer.json()
+
+            with ThreadPoolExecutor(copies) as pool:
+                return list(pool.map(post, range(copies)))
+
+        for r in range(rounds):
+            ids = [f"{r}-a", f"{r}-b"]
+            started = send({"episode_ids": ids, "observations": observations,
+                            "starts": [{}, {}], "requests": [1, 1]})  # fmt: skip
+            ended = send({"episode_ids": ids, "observations": observations,
+                          "terminated": [True, True], "requests": [2, 2]})  # fmt: skip
+            for answers in (started, ended):
+                assert [status for status, _ in answers] == [200] * copies, answers
+                assert all(answer == answers[0] for answer in answers)
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == 2 * rounds and not steps.duplicated(["episode_id", "t"]).any()
+    assert len(pd.read_parquet(data / "episodes")) == 2 * rounds
 
 
 def test_a_vector_env_of_discrete_observations_takes_the_row_path(tmp_path: Path) -> None:
