@@ -97,9 +97,6 @@ def episode_step(service: Service, episode_id: str, kind: str, doc: dict[str, An
     """get_action, log_action or end_episode for one episode."""
     counts.steps = 1
     request = optional_int(doc, "request")
-    replayed = _replayed(service, [episode_id], [request], "request")
-    if replayed is not None:
-        return replayed[0]
     try:
         return _episode_step(service, episode_id, kind, doc, request, counts)
     except ApiError as error:
@@ -156,9 +153,6 @@ def batch_step(service: Service, doc: dict[str, Any], remote_addr: str | None,
     counts.steps = len(entries)
     numbered = [_numbered(entry, f"episodes[{i}]") for i, entry in enumerate(entries)]
     ids, requests = [i for i, _ in numbered], [request for _, request in numbered]
-    replayed = _replayed(service, ids, requests, "request")
-    if replayed is not None:
-        return {"episodes": replayed}
     try:
         items = [
             _batch_item(service, entry, f"episodes[{i}].", remote_addr, checked[i], *numbered[i])
@@ -188,9 +182,6 @@ def _column_batch(service: Service, doc: dict[str, Any], remote_addr: str | None
 def _run_columns(service: Service, columns: ColumnStepper, step: ColumnStep, starts: list[Any],
                  remote_addr: str | None, counts: Counts) -> ColumnAnswer:  # fmt: skip
     counts.steps = len(step.episode_ids)
-    replayed = _replayed(service, step.episode_ids, step.requests, "requests")
-    if replayed is not None:
-        return column_answer(replayed)
     try:
         for episode_id, start in zip(step.episode_ids, starts, strict=True):
             if start is not None:
@@ -199,18 +190,6 @@ def _run_columns(service: Service, columns: ColumnStepper, step: ColumnStep, sta
     except ApiError as error:
         return column_answer(_late_replay(service, error, step.episode_ids, step.requests,
                                           "requests"))  # fmt: skip
-
-
-def _replayed(service: Service, episode_ids: list[str], requests: list[int | None],
-              field: str) -> list[dict[str, Any]] | None:  # fmt: skip
-    """A retried batch's earlier answers, found before its starts run and its episodes are
-    looked up (its rows may have started or ended them); None for a new batch. A retry that
-    arrives while the first try still runs is recognised by the step itself, under the
-    episodes' locks."""
-    if requests.count(None) == len(requests):
-        return None
-    lasts = service.episodes.last_requests(episode_ids)
-    return replays.replayed_rows(episode_ids, requests, lasts, field)
 
 
 def _column_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -238,11 +217,14 @@ def _column_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _late_replay(service: Service, error: ApiError, episode_ids: list[str],
                  requests: list[int | None], field: str) -> list[dict[str, Any]]:  # fmt: skip
-    """A copy of a batch that arrived while the first try ran (a retry after a timeout) and
-    found an episode that try ended: the first try's answers, else the error. Its answers are
-    all kept before it ends an episode (:meth:`ColumnStepper._answers`)."""
-    if error.status == 409:
-        answers = _replayed(service, episode_ids, requests, field)
+    """A numbered request that met an episode it ended itself, in its first try (a retry after
+    the answer was lost, or a copy that arrived while the first try ran): that try's answers,
+    else the error. A request that met an open episode was recognised in its step, under the
+    episode's lock (:mod:`server.replays`); a try keeps all its answers before it ends an
+    episode, so this look finds them all."""
+    if error.status == 409 and requests.count(None) != len(requests):
+        lasts = service.episodes.last_requests(episode_ids)
+        answers = replays.replayed_rows(episode_ids, requests, lasts, field)
         if answers is not None:
             return answers
     raise error

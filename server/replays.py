@@ -6,10 +6,10 @@ A batch request (many episodes' rows) is run whole or not at all, so a retry of 
 last request of every numbered row, or of none. A batch that repeats some and not others is not
 the batch that was sent: it gets a 409 rather than half its rows stored twice.
 
-A copy may arrive while the first try still runs (the client gave up waiting): it waits for the
-episodes' locks and then finds the answers, or finds an episode the first try ended and looks
-again (:func:`server.handlers._late_replay`); the first try keeps every answer before it ends
-an episode, so that second look finds them all.
+A retry is recognised in its step, under its episodes' locks, so a copy that arrives while the
+first try still runs (the client gave up waiting) waits for it and then finds its answers. A
+retry that finds an episode the first try ended gets a 409 on its way, and looks for its answers
+there (:func:`server.handlers._late_replay`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def replayed(
 ) -> list[dict[str, Any]] | None:
     """With the episodes' locks held: :func:`replayed_rows`, and for a new request, a 409
     unless each numbered row is the next request of its episode."""
+    if all(r is None or r == e.requests + 1 for e, r in zip(episodes, requests, strict=True)):
+        return None  # the usual case, each row its episode's next request (never a repeat)
     ids = [episode.episode_id for episode in episodes]
     answers = replayed_rows(ids, requests, [e.last_request for e in episodes], field)
     if answers is None:
