@@ -29,7 +29,7 @@ _PUBLIC = {"health", "openapi_document"}
 
 def create_app(config: ServerConfig) -> Flask:
     """Open the dataset named by ``config`` and build the app that serves it."""
-    app = Flask("rlpipe.server")
+    app = Flask("rlpipe.server", static_folder=None)  # no files served, from anywhere
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     service = Service(config)
     app.extensions["rlpipe"] = service

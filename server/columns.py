@@ -89,7 +89,8 @@ class ColumnStepper:
             if len(steps) > 1:
                 raise _Overlap()
             twice = next(episode_id for episode_id in ids if ids.count(episode_id) > 1)
-            raise ApiError(400, "field 'episode_ids': expected each episode at most once per "
+            field = "episodes" if steps[0].answers else "episode_ids"  # the form's own name
+            raise ApiError(400, f"field '{field}': expected each episode at most once per "
                                 f"request, got '{twice}' twice")  # fmt: skip
         episodes = self._service.episodes.get_many(ids)
         held = []

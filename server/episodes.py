@@ -41,6 +41,14 @@ class EpisodeBook:
             self._open[episode.episode_id] = episode
             return episode, True
 
+    def withdraw(self, episode: Episode) -> None:
+        """Forget an episode a refused request opened, if nothing has touched it since: a
+        request that fails writes nothing, not even an empty episode."""
+        with episode.lock, self._lock:
+            untouched = episode.requests == 0 and not episode.agents and not episode.ended
+            if untouched and self._open.get(episode.episode_id) is episode:
+                del self._open[episode.episode_id]
+
     def get(self, episode_id: str) -> Episode:
         with self._lock:
             episode = self._open.get(episode_id)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -154,11 +155,12 @@ def batch_step(service: Service, doc: dict[str, Any], remote_addr: str | None,
     numbered = [_numbered(entry, f"episodes[{i}]") for i, entry in enumerate(entries)]
     ids, requests = [i for i, _ in numbered], [request for _, request in numbered]
     try:
-        items = [
-            _batch_item(service, entry, f"episodes[{i}].", remote_addr, checked[i], *numbered[i])
-            for i, entry in enumerate(entries)
-        ]
-        return {"episodes": service.step(items)}
+        with _starts_withdrawn_on_error(service) as started:
+            items = [
+                _batch_item(service, entry, i, remote_addr, checked[i], started, *numbered[i])
+                for i, entry in enumerate(entries)
+            ]
+            return {"episodes": service.step(items)}
     except ApiError as error:
         return {"episodes": _late_replay(service, error, ids, requests, "request")}
 
@@ -183,13 +185,33 @@ def _run_columns(service: Service, columns: ColumnStepper, step: ColumnStep, sta
                  remote_addr: str | None, counts: Counts) -> ColumnAnswer:  # fmt: skip
     counts.steps = len(step.episode_ids)
     try:
-        for episode_id, start in zip(step.episode_ids, starts, strict=True):
-            if start is not None:
-                service.start(_episode(service, episode_id, start, remote_addr))
-        return columns.submit(step)
+        with _starts_withdrawn_on_error(service) as started:
+            for episode_id, start in zip(step.episode_ids, starts, strict=True):
+                if start is not None:
+                    _start(service, _episode(service, episode_id, start, remote_addr), started)
+            return columns.submit(step)
     except ApiError as error:
         return column_answer(_late_replay(service, error, step.episode_ids, step.requests,
                                           "requests"))  # fmt: skip
+
+
+@contextmanager
+def _starts_withdrawn_on_error(service: Service) -> Iterator[list[Episode]]:
+    """The episodes a batch request opens, withdrawn again if the request is refused after it
+    opened them (another row's unknown episode, say), so that the refusal writes nothing."""
+    started: list[Episode] = []
+    try:
+        yield started
+    except BaseException:
+        for episode in started:
+            service.episodes.withdraw(episode)
+        raise
+
+
+def _start(service: Service, episode: Episode, started: list[Episode]) -> None:
+    episode, created = service.start(episode)
+    if created:
+        started.append(episode)
 
 
 def _column_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -238,15 +260,15 @@ def _numbered(entry: Any, name: str) -> tuple[str, int | None]:
     return episode_id, optional_int(entry, "request", name + ".request")
 
 
-def _batch_item(service: Service, entry: dict[str, Any], prefix: str, remote_addr: str | None,
-                checked: pa.Array | None, episode_id: str,
+def _batch_item(service: Service, entry: dict[str, Any], index: int, remote_addr: str | None,
+                checked: pa.Array | None, started: list[Episode], episode_id: str,
                 request: int | None) -> StepItem:  # fmt: skip
     """One entry of the batch form: starts its episode if asked, ends it when it says so."""
     start = {} if entry.get("start") is True else entry.get("start")
     if isinstance(start, dict):
-        service.start(_episode(service, episode_id, start, remote_addr))
+        _start(service, _episode(service, episode_id, start, remote_addr), started)
     episode = service.episodes.get(episode_id)
-    step = parse_step(entry, service.observation_space, None, prefix, checked)
+    step = parse_step(entry, service.observation_space, None, f"episodes[{index}].", checked)
     terminated = optional_bool(entry, "terminated", False)
     truncated = optional_bool(entry, "truncated", False)
     kind = END if terminated or truncated else ACT

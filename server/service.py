@@ -107,8 +107,10 @@ class Service:
         """
         episodes = {item.episode.episode_id: item.episode for item in items}
         if len(episodes) != len(items):
+            ids = [item.episode.episode_id for item in items]
+            twice = next(episode_id for episode_id in ids if ids.count(episode_id) > 1)
             raise ApiError(400, "field 'episodes': expected each episode at most once per "
-                                "request, got one twice")  # fmt: skip
+                                f"request, got '{twice}' twice")  # fmt: skip
         with ExitStack() as stack:
             for episode_id in sorted(episodes):
                 stack.enter_context(episodes[episode_id].lock)

@@ -138,6 +138,16 @@ def _bad_cases(url: str) -> list[tuple[str, dict[str, Any], int, str]]:
          "Content-Type: expected application/json, got text/plain"),
         (ep, {"json": {"observation": OBS, "request": 7}}, 409,
          "field 'request': expected 2 (the next request of episode 'e1'), got 7"),
+        ("/v1/actions", {"json": {"episode_ids": ["new1", "nope"], "observations": [OBS, OBS],
+                                  "starts": [{"seed": 1}, None]}}, 404,
+         "episode 'nope' is not open on this server; call start_episode() first"),
+        ("/v1/actions", {"json": {"episode_ids": ["new2", "old"], "observations": [OBS, OBS],
+                                  "starts": [{}, None]}}, 409,
+         "episode 'old' has ended; call start_episode() for a new one"),
+        ("/v1/actions", {"json": {"episodes": [
+            {"episode_id": "new3", "observation": OBS, "start": True},
+            {"episode_id": "new3", "observation": OBS}]}}, 400,
+         "field 'episodes': expected each episode at most once per request, got 'new3' twice"),
         ("/v1/uploads", {"data": b"not arrow", "headers": {
             "Content-Type": "application/vnd.apache.arrow.stream", "X-Rlpipe-Client": "c",
             "X-Rlpipe-Upload": "0", **AUTH}}, 400,
@@ -195,6 +205,8 @@ def _check_nothing_bad_written(data: Path, metrics: str) -> None:
     steps = pd.read_parquet(data / "steps")
     assert sorted(steps[steps["episode_id"] == "e1"]["t"]) == [0, 1]
     assert len(steps) == 2
+    episodes = pd.read_parquet(data / "episodes")  # no empty episode from a refused batch
+    assert sorted(episodes["episode_id"]) == ["e1", "old"]
     assert re.search(r"^rlpipe_steps_accepted_total 2$", metrics, re.M)
     assert re.search(r'^rlpipe_responses_total\{status="401"\} 2$', metrics, re.M)
 
@@ -354,13 +366,28 @@ def test_openapi_documents_every_route(tmp_path: Path) -> None:
         served = requests.get(server.url + "/v1/openapi.json", timeout=5).json()
         routes = {
             (re.sub(r"<([a-z_]+)>", r"{\1}", rule.rule), method.lower())
-            for rule in server.app.url_map.iter_rules() if rule.endpoint != "static"
+            for rule in server.app.url_map.iter_rules()
             for method in rule.methods or () if method in ("GET", "POST")
         }  # fmt: skip
     documented = {(path, method) for path, item in served["paths"].items()
                   for method in item if method in ("get", "post")}  # fmt: skip
     assert routes == documented
     assert served == openapi.document()
+
+
+def test_no_file_is_served_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flask serves ``./static`` of an app rooted in the working directory unless told not to."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("static", "templates"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "secret.txt").write_text("do not serve")
+    with running_server(cartpole_config(tmp_path / "ds")) as server:
+        for path in ("/static/secret.txt", "/templates/secret.txt", "/secret.txt", "/ds/"):
+            response = requests.get(server.url + path, timeout=5)
+            assert response.status_code == 404, path
+            assert "do not serve" not in response.text
 
 
 def test_sigkill_loses_nothing_acknowledged_and_a_restart_continues(tmp_path: Path) -> None:
