@@ -42,7 +42,7 @@ from pipeline.errors import (
     Unauthorized,
 )
 from pipeline.local import LocalInference
-from pipeline.policy import NumpyPolicy, load_checkpoint
+from pipeline.policy import load_checkpoint, policy_for
 from pipeline.spool import Spool, Uploader
 from pipeline.transport import (
     ARROW_TYPE,
@@ -209,8 +209,11 @@ class PolicyClient:
         new = int(response.headers["X-Rlpipe-Policy-Version"])
         path = self._weights_dir / f"policy-{new:08d}.npz"
         path.write_bytes(response.content)
-        local.policy = NumpyPolicy(load_checkpoint(path))
-        path.unlink()
+        try:
+            checkpoint = load_checkpoint(path)
+        finally:
+            path.unlink()
+        local.policy = policy_for(checkpoint, local.observation_space, local.action_space)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Deliver every buffered and spooled step now; True when the server has them all."""

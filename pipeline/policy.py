@@ -11,6 +11,7 @@ Weights use torch's ``nn.Linear`` layout (``pi.{i}.weight`` is (out, in)), so a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -172,6 +173,7 @@ class NumpyPolicy:
             self._log_std = checkpoint.weights.get("log_std")
         except KeyError as missing:
             raise DatasetError(f"checkpoint version {self.version}: no array {missing}") from None
+        _check_shapes(checkpoint)
         self._activation = np.tanh if self.spec.activation == "tanh" else _relu
         space = self.spec.observation_space
         # a Box flattens to its values row-major: a reshape, not a trip through flatten_batch
@@ -239,9 +241,8 @@ class NumpyPolicy:
             return _categorical(out, rng, explore, self._start)
         box = cast(gym.spaces.Box, self.spec.action_space)
         if self.spec.distribution == "gaussian":
-            if self._log_std is None:
-                raise DatasetError(f"checkpoint version {self.version}: no array 'log_std'")
-            log_std = np.broadcast_to(self._log_std.astype(np.float32), out.shape)
+            log_std = np.broadcast_to(cast(np.ndarray, self._log_std).astype(np.float32),
+                                      out.shape)  # fmt: skip
             mean = out
         else:
             mean, log_std = np.split(out, 2, axis=1)
@@ -258,6 +259,51 @@ class NumpyPolicy:
             action = low + (np.tanh(u) + 1) / 2 * (high - low)
         shaped = action.reshape((len(action), *box.shape)).astype(box.dtype)
         return shaped, logp.astype(np.float64)
+
+
+def policy_for(
+    checkpoint: Checkpoint, observation_space: gym.Space[Any], action_space: gym.Space[Any]
+) -> NumpyPolicy:
+    """The checkpoint's policy, if it acts in these spaces: a policy trained for another env
+    would fail every forward pass (or act outside the action space) instead of being refused."""
+    spec = checkpoint.spec
+    width, got = flattening.flatdim(observation_space), flattening.flatdim(spec.observation_space)
+    if got != width:
+        raise DatasetError(
+            f"checkpoint version {checkpoint.version}: observation_space: expected {width} "
+            f"values per flattened observation, got {got}"
+        )
+    if not _same_actions(spec.action_space, action_space):
+        raise DatasetError(
+            f"checkpoint version {checkpoint.version}: action_space: expected {action_space}, "
+            f"got {spec.action_space}"
+        )
+    return NumpyPolicy(checkpoint)
+
+
+def _same_actions(ours: gym.Space[Any], theirs: gym.Space[Any]) -> bool:
+    if isinstance(ours, gym.spaces.Box) and isinstance(theirs, gym.spaces.Box):
+        return ours.shape == theirs.shape  # bounds may be written a little differently
+    return ours == theirs
+
+
+def _check_shapes(checkpoint: Checkpoint) -> None:
+    """Each layer's weights fit the spec's widths (a bad file fails here, not in every pass)."""
+    spec = checkpoint.spec
+    heads = 2 if spec.distribution == "squashed_gaussian" else 1
+    widths = [flattening.flatdim(spec.observation_space), *spec.hidden, heads * spec.action_dim]
+    expected: dict[str, tuple[int, ...]] = {}
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
+        expected[f"pi.{i}.weight"], expected[f"pi.{i}.bias"] = (fan_out, fan_in), (fan_out,)
+    if spec.distribution == "gaussian":
+        expected["log_std"] = (spec.action_dim,)
+    for name, shape in expected.items():
+        got = checkpoint.weights.get(name)
+        if got is None:
+            raise DatasetError(f"checkpoint version {checkpoint.version}: no array '{name}'")
+        if got.shape != shape:
+            raise DatasetError(f"checkpoint version {checkpoint.version}: array '{name}': "
+                               f"expected shape {shape}, got {got.shape}")  # fmt: skip
 
 
 def _batch_of_one(observation: Any) -> Any:

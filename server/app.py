@@ -121,6 +121,7 @@ def _info_routes(app: Flask, service: Service) -> None:
             "status": "ok",
             "policy_version": version,
             "acting_at_random": version is None,
+            "refused_checkpoint": service.runner.refused,
             "open_episodes": len(service.episodes),
             "queue_depth": service.writer.backlog,
         })  # fmt: skip

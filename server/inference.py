@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from pipeline import codec
 from pipeline.errors import DatasetError
-from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint
+from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint, policy_for
 from server.combiner import Combiner
 
 _log = logging.getLogger("rlpipe.server")
@@ -62,6 +62,7 @@ class PolicyRunner:
         self.policy: NumpyPolicy | None = None
         self.checkpoint_path: Path | None = None
         self._skipped: Path | None = None
+        self.refused: str | None = None  # why the newest checkpoint is not served (health)
         self._poll_s = poll_s
         self._checked = 0.0
         self._rng = np.random.default_rng(seed)
@@ -80,12 +81,12 @@ class PolicyRunner:
         if path is None or path in (self.checkpoint_path, self._skipped):
             return
         try:
-            policy = NumpyPolicy(load_checkpoint(path))
+            policy = policy_for(load_checkpoint(path), self.observation_space, self.action_space)
         except DatasetError as error:  # a bad file must not take the server down
             _log.warning("ignoring checkpoint %s: %s", path, error)
-            self._skipped = path
+            self._skipped, self.refused = path, f"{path.name}: {error}"
             return
-        self.policy, self.checkpoint_path = policy, path
+        self.policy, self.checkpoint_path, self.refused = policy, path, None
         _log.info("serving policy version %d from %s", policy.version, path)
 
     @property

@@ -48,10 +48,40 @@ _COLUMNS = {
 }
 
 
-def _op(summary: str, body: Any = None, ok: str = "200", errors: tuple[str, ...] = ()) -> Any:
-    responses: dict[str, Any] = {ok: {"description": "success"}}
-    for status in ("400", "401", *errors):
-        responses[status] = {"description": "refused", "content": {_JSON: {"schema": _ERROR}}}
+_ACTION = {
+    "type": "object",
+    "properties": {
+        "action": {"description": "null after an end"},
+        "action_logp": {"type": ["number", "null"], "description": "null when acting at random"},
+        "policy_version": {"type": ["integer", "null"]},
+        "actions": {"type": "object", "description": "multi-agent: keyed by agent id"},
+    },
+}
+_ANSWERS = {
+    "304": "not modified: version N is still the newest",
+    "400": "bad input: the message names the field, what was expected and what came",
+    "401": "missing or wrong token",
+    "404": "not found: an unknown episode, or no checkpoint published yet",
+    "409": "ended episode, or a request number out of turn",
+    "413": "body larger than the server's limit",
+    "415": "a content type the resource does not take",
+    "503": "writing has fallen behind: retry after the Retry-After header's seconds",
+}
+
+
+def _op(summary: str, body: Any = None, ok: str = "200", errors: tuple[str, ...] = (),
+        answer: Any = None) -> Any:  # fmt: skip
+    """An operation; every one may be refused with 400 and 401, one with a body also with 413
+    and 415 (``errors`` adds other answers)."""
+    success: dict[str, Any] = {"description": "success"}
+    if answer is not None:
+        success["content"] = _json(answer)
+    responses: dict[str, Any] = {ok: success}
+    with_body = ("413", "415") if body is not None else ()
+    for status in sorted({"400", "401", *with_body, *errors}):
+        responses[status] = {"description": _ANSWERS[status]}
+        if status >= "400":
+            responses[status]["content"] = _json(_ERROR)
     op: dict[str, Any] = {"summary": summary, "responses": responses}
     if body is not None:
         op["requestBody"] = {"required": True, "content": body}
@@ -108,6 +138,7 @@ def document() -> dict[str, Any]:
                     ),
                     "201",
                     ("409",),
+                    {"type": "object", "properties": {"episode_id": {"type": "string"}}},
                 )
             },
             "/v1/episodes/{episode_id}/actions": {
@@ -116,6 +147,7 @@ def document() -> dict[str, Any]:
                     "Remote inference: the action for an observation.",
                     step,
                     errors=("404", "409", "503"),
+                    answer=_ACTION,
                 ),
             },
             "/v1/episodes/{episode_id}/logged-actions": {

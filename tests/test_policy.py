@@ -19,6 +19,7 @@ from pipeline.policy import (
     NumpyPolicy,
     latest_checkpoint,
     load_checkpoint,
+    policy_for,
     save_checkpoint,
 )
 
@@ -132,3 +133,40 @@ def test_spec_is_validated(changes: dict[str, object], message: str) -> None:
     options = {"observation_space": OBSERVATION, "action_space": gym.spaces.Discrete(2)} | changes
     with pytest.raises(ConfigError, match=re.escape(message)):
         ModelSpec(**options)  # type: ignore[arg-type]
+
+
+def test_weights_that_do_not_fit_the_spec_are_refused_when_loaded() -> None:
+    spec = ModelSpec(OBSERVATION, BOX, (8,), distribution="gaussian")
+    good = _checkpoint(spec, _network(spec, 2))
+    good.weights["log_std"] = np.zeros(2, np.float32)
+    NumpyPolicy(good)
+    cases = [
+        ("pi.0.weight", np.zeros((8, 5), np.float32), "array 'pi.0.weight': expected shape "
+         "(8, 6), got (8, 5)"),
+        ("pi.1.bias", np.zeros(3, np.float32), "array 'pi.1.bias': expected shape (2,), got (3,)"),
+        ("log_std", None, "no array 'log_std'"),
+    ]  # fmt: skip
+    for name, array, message in cases:
+        weights = {k: v for k, v in good.weights.items() if k != name}
+        if array is not None:
+            weights[name] = array
+        with pytest.raises(DatasetError, match=re.escape(f"checkpoint version 1: {message}")):
+            NumpyPolicy(Checkpoint(1, spec, weights))
+
+
+def test_a_policy_for_other_spaces_is_refused() -> None:
+    spec = ModelSpec(OBSERVATION, gym.spaces.Discrete(4), (8,))
+    checkpoint = _checkpoint(spec, _network(spec, 4))
+    assert policy_for(checkpoint, OBSERVATION, gym.spaces.Discrete(4)).version == 1
+    same_width = gym.spaces.Box(-5.0, 5.0, (6,), np.float32)  # 3 + one-hot of 3, flattened
+    assert policy_for(checkpoint, same_width, gym.spaces.Discrete(4)).version == 1
+    with pytest.raises(DatasetError, match="observation_space: expected 4 values per flattened "
+                       "observation, got 6"):  # fmt: skip
+        policy_for(checkpoint, gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(4))
+    with pytest.raises(
+        DatasetError,
+        match=re.escape(
+            "checkpoint version 1: action_space: expected Discrete(2), got Discrete(4)"
+        ),
+    ):
+        policy_for(checkpoint, OBSERVATION, gym.spaces.Discrete(2))

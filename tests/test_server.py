@@ -28,6 +28,7 @@ from server_fixtures import (
 )
 
 from pipeline import codec, spaces
+from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
 from server import openapi
 
 TOKEN = "s3cret"
@@ -63,11 +64,37 @@ def test_remote_inference_uses_newest_checkpoint_and_records_it(tmp_path: Path) 
         assert weights.content == (data / "checkpoints" / "policy-00000002.npz").read_bytes()
         same = requests.get(server.url + "/v1/weights?version=2", headers=AUTH, timeout=5)
         assert same.status_code == 304 and same.content == b""
-    steps = pd.read_parquet(data / "steps").sort_values("t")
+        _publish_for_other_spaces(data / "checkpoints", 3)
+        time.sleep(0.1)
+        health = requests.get(server.url + "/v1/health", timeout=5).json()
+        assert health["policy_version"] == 2
+        assert health["refused_checkpoint"] == (
+            "policy-00000003.npz: checkpoint version 3: observation_space: expected 4 values "
+            "per flattened observation, got 3"
+        )
+        assert requests.get(server.url + "/v1/weights?version=2", headers=AUTH,
+                            timeout=5).status_code == 304  # fmt: skip
+        _post(server.url, "/v1/episodes", {"episode_id": "after"})
+        third = _post(server.url, "/v1/episodes/after/actions", {"observation": OBS})
+        assert third.status_code == 200 and third.json()["policy_version"] == 2
+    steps = pd.read_parquet(data / "steps", filters=[("episode_id", "=", "e1")]).sort_values("t")
     assert steps["policy_version"].tolist() == [1, 2]
     assert steps["action_logp"].tolist() == [first["action_logp"], second.json()["action_logp"]]
     assert steps["reward"].tolist() == [1.0, 2.5]
     assert steps["terminated"].tolist() == [False, True]
+
+
+def _publish_for_other_spaces(directory: Path, version: int) -> None:
+    """A checkpoint a trainer made for another env: the server must keep serving its last one."""
+    box = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    spec = ModelSpec(box, gym.spaces.Discrete(2), hidden=(4,))
+    weights = {
+        "pi.0.weight": np.zeros((4, 3), np.float32),
+        "pi.0.bias": np.zeros(4, np.float32),
+        "pi.1.weight": np.zeros((2, 4), np.float32),
+        "pi.1.bias": np.zeros(2, np.float32),
+    }
+    save_checkpoint(directory, Checkpoint(version, spec, weights))
 
 
 def test_batch_form_serves_many_episodes_in_one_request(tmp_path: Path) -> None:
@@ -192,6 +219,7 @@ def _refuse_bad_input(url: str) -> str:
         assert got["status"] == status
         assert re.fullmatch(re.escape(message) + r"( \(.*\))?", got["message"]), got
         assert "Traceback" not in response.text
+        assert _documented(path, "post", status), (path, status)
     for path in ("/", "/v1", "/v1/../manifest.json", "/steps/"):
         response = requests.get(url + path, headers=AUTH, timeout=5)
         assert response.status_code == 404 and response.json()["error"]["status"] == 404
@@ -199,6 +227,14 @@ def _refuse_bad_input(url: str) -> str:
     assert ok.status_code == 200
     _post(url, "/v1/episodes/e1/end", {"observation": OBS})
     return requests.get(url + "/v1/metrics", headers=AUTH, timeout=5).text
+
+
+def _documented(path: str, method: str, status: int) -> bool:
+    """The OpenAPI document lists this answer for this path (its template)."""
+    for template, item in openapi.document()["paths"].items():
+        if re.fullmatch(re.sub(r"\{[a-z_]+\}", "[^/]+", template), path):
+            return str(status) in item[method]["responses"]
+    return False
 
 
 def _check_nothing_bad_written(data: Path, metrics: str) -> None:
