@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import gymnasium as gym
 import numpy as np
@@ -253,7 +254,9 @@ class PolicyClient:
                      extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
         state = self._remote_episode(episode_id)
         body = {**state.body(self._multiagent(observation), jsonable(observation)), **extra}
-        response = self._http.call("POST", f"/v1/episodes/{episode_id}/{verb}", json=body)
+        # any id, as RLlib's: quoted whole, '/' too, and the server reads it back
+        path = f"/v1/episodes/{quote(episode_id, safe='')}/{verb}"
+        response = self._http.call("POST", path, json=body)
         state.sent()
         answer: dict[str, Any] = response.json()
         return answer

@@ -79,19 +79,19 @@ def _episode_routes(app: Flask, service: Service) -> None:
         answer, status = handlers.start_episode(service, _body(), request.remote_addr, g)
         return jsonify(answer), status
 
-    @app.post("/v1/episodes/<episode_id>/actions")
+    @app.post("/v1/episodes/<path:episode_id>/actions")
     def get_action(episode_id: str) -> Response:
         return jsonify(handlers.episode_step(service, episode_id, ACT, _body(), g))
 
-    @app.post("/v1/episodes/<episode_id>/logged-actions")
+    @app.post("/v1/episodes/<path:episode_id>/logged-actions")
     def log_action(episode_id: str) -> Response:
         return jsonify(handlers.episode_step(service, episode_id, LOG, _body(), g))
 
-    @app.post("/v1/episodes/<episode_id>/end")
+    @app.post("/v1/episodes/<path:episode_id>/end")
     def end_episode(episode_id: str) -> Response:
         return jsonify(handlers.episode_step(service, episode_id, END, _body(), g))
 
-    @app.post("/v1/episodes/<episode_id>/returns")
+    @app.post("/v1/episodes/<path:episode_id>/returns")
     def log_returns(episode_id: str) -> Response:
         return jsonify(handlers.log_returns(service, episode_id, _body(), g))
 

@@ -238,8 +238,10 @@ def optional_bool(doc: dict[str, Any], key: str, default: bool, name: str | None
 
 
 def episode_id_of(value: Any, name: str = "episode_id") -> str:
-    if not isinstance(value, str) or not value or len(value) > 200:
-        raise bad_request(name, "a non-empty string of at most 200 characters", repr(value))
+    """Any string a URL can carry once quoted: '.' and '..' are path steps to HTTP clients."""
+    if not isinstance(value, str) or not value or len(value) > 200 or value in (".", ".."):
+        raise bad_request(name, "a non-empty string of at most 200 characters, not '.' or '..'",
+                          repr(value))  # fmt: skip
     return value
 
 

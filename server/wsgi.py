@@ -62,7 +62,7 @@ class FastPath:
     def _route(self, environ: dict[str, Any]) -> Callable[..., tuple[int, Any]] | None:
         path: str = environ.get("PATH_INFO", "")
         if path.startswith(_PREFIX):
-            episode_id, _, verb = path[len(_PREFIX) :].partition("/")
+            episode_id, _, verb = path[len(_PREFIX) :].rpartition("/")  # the id may hold '/'
             if not episode_id or (verb not in handlers.VERBS and verb != "returns"):
                 return None
             episode_id = episode_id.encode("latin-1").decode("utf-8", "replace")  # as werkzeug

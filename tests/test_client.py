@@ -75,6 +75,27 @@ def test_cartpole_episodes_land_once_each_step(tmp_path: Path, mode: str) -> Non
         np.testing.assert_array_equal(observation[1:], next_observation[:-1])
 
 
+def test_any_episode_id_travels_in_the_url_quoted(tmp_path: Path) -> None:
+    """RLlib's ids travel in bodies, so any string works there; ours too, once quoted."""
+    ids = ["run/1", "ep 1", "ep?x=1#y", "a/actions", "ü%2F", "x/../y", "/lead", "trail/"]
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode="remote")
+        for episode_id in ids:
+            assert client.start_episode(episode_id) == episode_id
+            client.get_action(episode_id, np.zeros(4, np.float32))
+            client.log_returns(episode_id, 1.0)
+            client.end_episode(episode_id, np.ones(4, np.float32))
+        for dots in (".", ".."):
+            with pytest.raises(RequestRejected, match=re.escape(
+                "field 'episode_id': expected a non-empty string of at most 200 characters, not "
+                f"'.' or '..', got '{dots}'")):  # fmt: skip
+                client.start_episode(dots)
+    steps = _read(data)
+    assert sorted(steps["episode_id"]) == sorted(ids)
+    assert steps["reward"].tolist() == [1.0] * len(ids)
+
+
 def test_address_forms() -> None:
     assert base_url("localhost:9900") == "http://localhost:9900"
     assert base_url("https://sim.example:443/") == "https://sim.example:443"

@@ -401,7 +401,7 @@ def test_openapi_documents_every_route(tmp_path: Path) -> None:
     with running_server(cartpole_config(tmp_path / "ds")) as server:
         served = requests.get(server.url + "/v1/openapi.json", timeout=5).json()
         routes = {
-            (re.sub(r"<([a-z_]+)>", r"{\1}", rule.rule), method.lower())
+            (re.sub(r"<(?:path:)?([a-z_]+)>", r"{\1}", rule.rule), method.lower())
             for rule in server.app.url_map.iter_rules()
             for method in rule.methods or () if method in ("GET", "POST")
         }  # fmt: skip

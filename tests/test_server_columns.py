@@ -82,7 +82,8 @@ def _bad_columns() -> list[tuple[dict[str, Any], int, str]]:
         ({"episode_ids": ["a", "b"], "observations": OBS[:2], "terminated": [False, 1]}, 400,
          "field 'terminated[1]': expected true or false, got 1"),
         ({"episode_ids": ["a", 5], "observations": OBS[:2]}, 400,
-         "field 'episode_ids[1]': expected a non-empty string of at most 200 characters, got 5"),
+         "field 'episode_ids[1]': expected a non-empty string of at most 200 characters, not '.' "
+         "or '..', got 5"),
         ({"episode_ids": ["a", "a"], "observations": OBS[:2]}, 400,
          "field 'episode_ids': expected each episode at most once per request, got 'a' twice"),
         ({"episode_ids": ["a", "nope"], "observations": OBS[:2]}, 404,
