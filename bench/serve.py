@@ -19,6 +19,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -266,7 +267,8 @@ def _phase(kind: str, url: str, clients: int, seconds: float, **extra: Any) -> d
     steps = sum(r["steps"] for r in results)
     elapsed = max(r["seconds"] for r in results)
     latencies = np.array([x for r in results for x in r.get("latencies", [])]) * 1e3
-    out = {"steps_per_s": steps / elapsed}
+    out = {"steps_per_s": steps / elapsed, "steps": steps,
+           "ok": all(r.get("ok", True) for r in results)}  # fmt: skip
     if kind != "bare" and steps:
         out["cpu"] = (f"CPU per step: server {server_cpu / steps * 1e6:.0f} us, clients "
                       f"{sum(r['cpu'] for r in results) / steps * 1e6:.0f} us")  # fmt: skip
@@ -416,11 +418,26 @@ def _vector(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[
 
 def _local(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[str, float]:
     for clients in (1, 4, 8):
+        before = _accepted(url)
         result = _phase("local", url, clients, seconds)
+        stored = _accepted(url) - before
+        if not result["ok"] or stored != result["steps"]:
+            raise SystemExit(
+                f"local x{clients}: clients took {result['steps']} steps, the "
+                f"server acknowledged {stored} (all delivered: {result['ok']})"
+            )
         local = result["steps_per_s"]
         print(f"local x{clients}: {local:,.0f} steps/s durably logged "
               f"({local / baseline:.1f}x bare round trips); {result['cpu']}")  # fmt: skip
     return {"local_steps_per_s_8": local}
+
+
+def _accepted(url: str) -> int:
+    """Steps the server has acknowledged (written to its durable log), from its metrics."""
+    import requests
+
+    text = requests.get(url + "/v1/metrics", timeout=10).text
+    return int(re.search(r"^rlpipe_steps_accepted_total (\d+)$", text, re.M)[1])  # type: ignore[index]
 
 
 def _ingest(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[str, float]:
