@@ -111,7 +111,7 @@ def test_columnar_bad_input_gets_its_4xx_and_writes_nothing(
         assert good.ok and server.service.writer.rows_acknowledged == 1
 
 
-def test_concurrent_single_steps_share_passes_and_each_lands_once(tmp_path: Path) -> None:
+def test_concurrent_single_steps_each_land_once_in_order(tmp_path: Path) -> None:
     data = tmp_path / "ds"
     clients, steps = 6, 25
     with running_server(cartpole_config(data)) as server:
