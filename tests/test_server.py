@@ -281,15 +281,19 @@ def test_copies_of_an_end_sent_at_once_get_one_answer_and_store_once(tmp_path: P
 
 
 def _upload(url: str, client: str, seq: int, table: pa.Table, name: str = "steps") -> Any:
+    response = _send_upload(url, client, seq, table, name)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _send_upload(url: str, client: str, seq: int, table: pa.Table,
+                 name: str = "steps") -> requests.Response:  # fmt: skip
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     headers = {"Content-Type": "application/vnd.apache.arrow.stream", "X-Rlpipe-Client": client,
                "X-Rlpipe-Upload": str(seq), "X-Rlpipe-Table": name}  # fmt: skip
-    response = requests.post(url + "/v1/uploads", data=sink.getvalue(), headers=headers,
-                             timeout=10)  # fmt: skip
-    assert response.status_code == 200, response.text
-    return response.json()
+    return requests.post(url + "/v1/uploads", data=sink.getvalue(), headers=headers, timeout=10)
 
 
 def _steps_table(episode: str, n: int) -> pa.Table:
@@ -322,6 +326,45 @@ def test_uploads_are_stored_once_across_retries_and_restarts(tmp_path: Path) -> 
     steps = pd.read_parquet(data / "steps")
     assert len(steps) == 15 and set(steps["client_id"]) == {"c1"}
     assert len(pd.read_parquet(data / "episodes")) == 1
+
+
+def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path: Path) -> None:
+    """Every upload rolls a shard and one rolled shard waiting is the limit: four clients
+    uploading back to back soon meet a writer still writing a shard to Parquet."""
+    from pipeline.writer import WriterConfig
+
+    data = tmp_path / "ds"
+    writer = WriterConfig(max_rows=1, sync="background")
+    refused: list[tuple[str, int, requests.Response]] = []
+    acknowledged: list[int] = []
+
+    def upload_until_refused(client: str) -> None:
+        for seq in range(300):
+            if refused:
+                return
+            answer = _send_upload(server.url, client, seq, _steps_table(f"{client}-{seq}", 50))
+            if answer.status_code == 503:
+                refused.append((client, seq, answer))
+                return
+            acknowledged.append(answer.json()["stored"]["steps"])
+
+    with running_server(cartpole_config(data, max_backlog=1, writer=writer)) as server:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(upload_until_refused, ["a", "b", "c", "d"]))
+        assert refused, "1,200 uploads from four clients never found the writer behind"
+        for *_, busy in refused:
+            assert busy.headers["Retry-After"] == "1"
+            assert re.fullmatch(r"the server is \d+ shards behind in writing; retry after 1 s",
+                                busy.json()["error"]["message"])  # fmt: skip
+        time.sleep(1)
+        for client, seq, _ in refused:
+            retried = _send_upload(server.url, client, seq, _steps_table(f"{client}-{seq}", 50))
+            assert retried.json()["stored"] == {"steps": 50}
+        metrics = requests.get(server.url + "/v1/metrics", timeout=5).text
+    assert re.search(r'^rlpipe_responses_total\{status="503"\} [1-9]', metrics, re.M)
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == sum(acknowledged) + 50 * len(refused)
+    assert set(steps.groupby("episode_id").size()) == {50}
 
 
 def test_an_upload_with_a_nan_reward_is_refused_whole_on_the_fast_path(tmp_path: Path) -> None:
