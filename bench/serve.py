@@ -202,7 +202,7 @@ def bare_server(port: int, kind: str) -> None:
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", "2")])
         return [b"{}"]
 
-    run_wsgi(lambda url: app if kind == "flask" else plain, "127.0.0.1", port, threads=8)
+    run_wsgi(lambda: app if kind == "flask" else plain, "127.0.0.1", port, threads=8)
 
 
 WORKERS = {"remote": worker_remote, "vector": worker_vector, "local": worker_local,

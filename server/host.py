@@ -15,6 +15,16 @@ as truncated, shards committed) when the supervisor is told to stop (SIGINT, SIG
 the worker dies with the supervisor (``PR_SET_PDEATHSIG``), so ``kill -9`` of ``rlpipe serve``
 stops serving at once, as it would a one-process server; a killed server's log is recovered by
 the next writer on the directory.
+
+Two things about granian's worker the code below is built around. It listens only after the app's
+loader has returned (the loader runs first, then the WSGI worker binds and listens), so the loader
+cannot announce the address: a client connecting at once would be refused. And its main thread
+waits for the stop in ``threading.Event.wait()`` with SIGINT and SIGTERM open in every thread,
+while Python runs a signal's handler only on the main thread: a stop the kernel hands to another
+thread (one that was running then, as a thread the worker had just started) trips the handler
+but never wakes the main thread, and the worker serves on while the supervisor waits for it for
+ever. So the worker blocks the two signals in all its threads and one thread takes them
+(``_relay_stops``), and another announces once a connection is accepted.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -40,6 +52,7 @@ if TYPE_CHECKING:
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Any]
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _SERVICE: list[Any] = []  # the worker's service, closed when the worker stops
+_STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
 def serve(config: ServerConfig, host: str, port: int, threads: int,
@@ -55,11 +68,13 @@ def serve(config: ServerConfig, host: str, port: int, threads: int,
         SystemExit: with status 1, when the worker failed (it printed why).
     """
     _check_dataset(config)
-    run_wsgi(partial(_build, config, announce), host, port, threads)
+    run_wsgi(partial(_build, config), host, port, threads, announce)
 
 
-def run_wsgi(load: Callable[[str], WsgiApp], host: str, port: int, threads: int) -> None:
-    """Serve the WSGI app that ``load(url)`` builds in the worker, until SIGINT or SIGTERM."""
+def run_wsgi(load: Callable[[], WsgiApp], host: str, port: int, threads: int,
+             announce: Callable[[str], None] = lambda url: None) -> None:  # fmt: skip
+    """Serve the WSGI app that ``load()`` builds in the worker, until SIGINT or SIGTERM;
+    ``announce(url)`` runs in the worker once a connection to the app is accepted."""
     try:
         from granian import Granian
         from granian.constants import Interfaces
@@ -77,7 +92,9 @@ def run_wsgi(load: Callable[[str], WsgiApp], host: str, port: int, threads: int)
                      log_level=LogLevels.error, websockets=False)  # fmt: skip
     server.on_startup(holder.close)  # granian has bound the port by then
     worker = partial(_worker, Granian._spawn_wsgi_worker)
-    server.serve(spawn_target=worker, target_loader=partial(_load, load, url, os.getpid()))
+    served = (host, holder.getsockname()[1])
+    loader = partial(_load, load, announce, url, served, os.getpid())
+    server.serve(spawn_target=worker, target_loader=loader)
 
 
 def _fork_workers() -> None:
@@ -125,12 +142,57 @@ def _reserve(host: str, port: int) -> socket.socket:
     return holder
 
 
-def _load(load: Callable[[str], WsgiApp], url: str, supervisor: int, _target: str) -> WsgiApp:
+def _load(load: Callable[[], WsgiApp], announce: Callable[[str], None], url: str,
+          served: tuple[str, int], supervisor: int, _target: str) -> WsgiApp:  # fmt: skip
+    """The app, in the worker, which takes SIGINT and SIGTERM on one thread from here on.
+
+    The worker has no other thread yet, and a thread starts with its creator's signal mask, so
+    blocking the two here blocks them in every thread granian and the app start later.
+    """
     _die_with(supervisor)
-    return load(url)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    app = load()
+    listening = threading.Event()
+    threading.Thread(target=_relay_stops, args=(listening,), name="rlpipe-stops",
+                     daemon=True).start()  # fmt: skip
+    threading.Thread(target=_announce_when_listening, args=(announce, url, served, listening),
+                     name="rlpipe-announce", daemon=True).start()  # fmt: skip
+    return app
 
 
-def _build(config: ServerConfig, announce: Callable[[str], None], url: str) -> Flask:
+def _announce_when_listening(
+    announce: Callable[[str], None], url: str, served: tuple[str, int], listening: threading.Event
+) -> None:
+    """Announce ``url`` once a connection to it is accepted: granian's worker starts listening
+    only after the loader returned, at a moment it does not report."""
+    pause = 0.001
+    while True:
+        try:
+            socket.create_connection(served, timeout=5).close()
+            break
+        except OSError:  # refused: not listening yet
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+    listening.set()
+    announce(url)
+
+
+def _relay_stops(listening: threading.Event) -> None:
+    """Hand each SIGINT or SIGTERM to the handler granian installed, from this thread.
+
+    Called here, the handler wakes granian's main thread however that thread waits. A stop sent
+    while the worker starts stays pending until it listens (granian's handler is installed by
+    then), and then stops it.
+    """
+    listening.wait()
+    while True:
+        signum = signal.sigwait(_STOPS)
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            handler(signum, None)
+
+
+def _build(config: ServerConfig) -> Flask:
     """The app, in the worker; on a user error, say why in one line and exit 2."""
     from server.app import create_app
 
@@ -140,7 +202,6 @@ def _build(config: ServerConfig, announce: Callable[[str], None], url: str) -> F
         print(f"rlpipe serve: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     _SERVICE.append(app.extensions["rlpipe"])
-    announce(url)
     return app
 
 
