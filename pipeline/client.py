@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import math
 import secrets
 import shutil
@@ -55,6 +56,7 @@ from pipeline.transport import (
 )
 
 INFERENCE_MODES = ("local", "remote")
+_log = logging.getLogger("rlpipe.client")
 
 
 class PolicyClient:
@@ -68,8 +70,10 @@ class PolicyClient:
         session: a ``requests.Session`` to reuse (connection pools, proxies, certificates).
         timeout: seconds for each request; remote calls retry within it.
         token: the server's bearer token, if it has one.
-        spool_dir: where local mode keeps batches until the server has them (default: a new
-            temporary directory); batches a crashed client left there are delivered too.
+        spool_dir: where local mode keeps batches until the server has them; batches a crashed
+            client left there are delivered too. The default, a new temporary directory, is
+            removed when :meth:`close` has delivered everything, and kept (with a warning that
+            names it) when it has not.
         upload_rows: buffered steps that trigger an upload in local mode.
         upload_interval_s: the longest a step waits in memory in local mode.
         seed: seeds local action sampling.
@@ -102,6 +106,8 @@ class PolicyClient:
         self._pulled = 0.0
         self._uploader: Uploader | None = None
         self._local: LocalInference | None = None
+        self._own_spool: Path | None = None  # a temporary spool of our own, removed when empty
+        self.spool_dir: Path | None = None
         if inference_mode == "local":
             self._start_local(spool_dir, upload_rows, upload_interval_s, seed)
 
@@ -229,6 +235,11 @@ class PolicyClient:
         delivered = self._uploader.close(timeout_s)
         shutil.rmtree(self._weights_dir, ignore_errors=True)
         self._http.close()
+        if self._own_spool is not None and delivered:
+            shutil.rmtree(self._own_spool, ignore_errors=True)
+        elif self._own_spool is not None:
+            _log.warning("undelivered steps are kept in %s: pass it as spool_dir to a new "
+                         "PolicyClient to deliver them", self._own_spool)  # fmt: skip
         return delivered
 
     def __enter__(self) -> PolicyClient:
@@ -277,7 +288,10 @@ class PolicyClient:
 
     def _start_local(self, spool_dir: str | Path | None, upload_rows: int,
                      upload_interval_s: float, seed: int | None) -> None:  # fmt: skip
-        spool = Spool(spool_dir or tempfile.mkdtemp(prefix="rlpipe-spool-"))
+        if spool_dir is None:
+            self._own_spool = spool_dir = Path(tempfile.mkdtemp(prefix="rlpipe-spool-"))
+        spool = Spool(spool_dir)
+        self.spool_dir = spool.directory
         self._weights_dir = Path(tempfile.mkdtemp(prefix="rlpipe-weights-"))
         self._load_spaces(spool.directory / "spaces.json")
         observation_space, action_space, env_id = self._space()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -94,6 +95,25 @@ def test_any_episode_id_travels_in_the_url_quoted(tmp_path: Path) -> None:
     steps = _read(data)
     assert sorted(steps["episode_id"]) == sorted(ids)
     assert steps["reward"].tolist() == [1.0] * len(ids)
+
+
+def test_a_default_spool_is_removed_once_everything_is_delivered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with running_server(cartpole_config(tmp_path / "ds")) as server:
+        client = PolicyClient(server.url)
+        spool = client.spool_dir
+        assert spool is not None and spool.is_dir()
+        assert _play(client, 1, seed=0)
+        assert client.close() and not spool.exists()
+        stranded = PolicyClient(server.url, timeout=0.5)
+    episode_id = stranded.start_episode()
+    stranded.get_action(episode_id, np.zeros(4, np.float32))
+    stranded.end_episode(episode_id, np.zeros(4, np.float32))
+    assert not stranded.close(timeout_s=0.5)  # the server is gone: the spool stays, named
+    assert stranded.spool_dir is not None and any(stranded.spool_dir.iterdir())
+    assert f"undelivered steps are kept in {stranded.spool_dir}" in caplog.text
+    shutil.rmtree(stranded.spool_dir)
 
 
 def test_address_forms() -> None:
