@@ -539,6 +539,30 @@ def test_serve_takes_spaces_from_a_file_and_a_token(tmp_path: Path) -> None:
     assert steps["observation"][0]["k"] == 3
 
 
+@pytest.mark.parametrize("names", ["file", "checkpoints", "run"])
+def test_policy_names_a_file_a_checkpoints_directory_or_a_run(tmp_path: Path, names: str) -> None:
+    """``--policy``: what a trainer publishes elsewhere than the dataset's own checkpoints/."""
+    run = tmp_path / "run"
+    cartpole_checkpoint(run / "checkpoints", 3)
+    newest = cartpole_checkpoint(run / "checkpoints", 4)
+    policy = {"file": run / "checkpoints" / "policy-00000003.npz",
+              "checkpoints": run / "checkpoints", "run": run}[names]  # fmt: skip
+    cartpole_checkpoint(tmp_path / "ds" / "checkpoints", 9)  # the dataset's own: not served
+    port = free_port()
+    process = start_serve_process(tmp_path / "ds", port, "--policy", str(policy))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        served = 3 if names == "file" else 4
+        assert requests.get(url + "/v1/health", timeout=5).json()["policy_version"] == served
+        weights = requests.get(url + "/v1/weights", timeout=5)
+        assert weights.content == (policy if names == "file" else newest).read_bytes()
+        _post(url, "/v1/episodes", {"episode_id": "p"})
+        answer = _post(url, "/v1/episodes/p/actions", {"observation": OBS}).json()
+        assert answer["policy_version"] == served and answer["action_logp"] < 0
+    finally:
+        kill(process, 15)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
