@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +13,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 import requests
 from server_fixtures import (
@@ -27,7 +24,7 @@ from server_fixtures import (
     start_serve_process,
 )
 
-from pipeline import codec, spaces
+from pipeline import spaces
 from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
 from server import openapi
 
@@ -280,123 +277,6 @@ def test_copies_of_an_end_sent_at_once_get_one_answer_and_store_once(tmp_path: P
     assert len(pd.read_parquet(data / "episodes")) == rounds
 
 
-def _upload(url: str, client: str, seq: int, table: pa.Table, name: str = "steps") -> Any:
-    response = _send_upload(url, client, seq, table, name)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def _send_upload(url: str, client: str, seq: int, table: pa.Table,
-                 name: str = "steps") -> requests.Response:  # fmt: skip
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    headers = {"Content-Type": "application/vnd.apache.arrow.stream", "X-Rlpipe-Client": client,
-               "X-Rlpipe-Upload": str(seq), "X-Rlpipe-Table": name}  # fmt: skip
-    return requests.post(url + "/v1/uploads", data=sink.getvalue(), headers=headers, timeout=10)
-
-
-def _steps_table(episode: str, n: int) -> pa.Table:
-    env = gym.make("CartPole-v1")
-    observations = codec.sample_batch(env.observation_space, n + 1, seed=0)
-    return pa.table({
-        "episode_id": [episode] * n, "t": list(range(n)),
-        "observation": codec.to_arrow(env.observation_space, observations[:-1]),
-        "action": [0] * n, "reward": [1.0] * n,
-        "next_observation": codec.to_arrow(env.observation_space, observations[1:]),
-        "terminated": [False] * (n - 1) + [True], "truncated": [False] * n,
-    })  # fmt: skip
-
-
-def test_uploads_are_stored_once_across_retries_and_restarts(tmp_path: Path) -> None:
-    data = tmp_path / "ds"
-    with running_server(cartpole_config(data)) as server:
-        assert _upload(server.url, "c1", 0, _steps_table("a", 10))["stored"] == {"steps": 10}
-        again = _upload(server.url, "c1", 0, _steps_table("a", 10))
-        assert again == {"duplicate": True, "stored": {"steps": 0}}
-        json_rows = requests.post(server.url + "/v1/uploads", timeout=10, headers={
-            "X-Rlpipe-Client": "c1", "X-Rlpipe-Upload": "1"}, json={"episodes": [{
-                "episode_id": "a", "started_at": "2026-11-22T10:00:00+00:00",
-                "ended_at": "2026-11-22T10:01:00+00:00", "length": 10, "return": 10.0,
-                "end_reason": "terminated"}]})  # fmt: skip
-        assert json_rows.json()["stored"] == {"episodes": 1}
-    with running_server(cartpole_config(data)) as server:  # a new server forgot the numbers
-        assert _upload(server.url, "c1", 0, _steps_table("a", 10))["stored"] == {"steps": 0}
-        assert _upload(server.url, "c1", 2, _steps_table("b", 5))["stored"] == {"steps": 5}
-    steps = pd.read_parquet(data / "steps")
-    assert len(steps) == 15 and set(steps["client_id"]) == {"c1"}
-    assert len(pd.read_parquet(data / "episodes")) == 1
-
-
-def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path: Path) -> None:
-    """Every upload rolls a shard and one rolled shard waiting is the limit: four clients
-    uploading back to back soon meet a writer still writing a shard to Parquet."""
-    from pipeline.writer import WriterConfig
-
-    data = tmp_path / "ds"
-    writer = WriterConfig(max_rows=1, sync="background")
-    refused: list[tuple[str, int, requests.Response]] = []
-    acknowledged: list[int] = []
-
-    def upload_until_refused(client: str) -> None:
-        for seq in range(300):
-            if refused:
-                return
-            answer = _send_upload(server.url, client, seq, _steps_table(f"{client}-{seq}", 50))
-            if answer.status_code == 503:
-                refused.append((client, seq, answer))
-                return
-            acknowledged.append(answer.json()["stored"]["steps"])
-
-    with running_server(cartpole_config(data, max_backlog=1, writer=writer)) as server:
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(upload_until_refused, ["a", "b", "c", "d"]))
-        assert refused, "1,200 uploads from four clients never found the writer behind"
-        for *_, busy in refused:
-            assert busy.headers["Retry-After"] == "1"
-            assert re.fullmatch(r"the server is \d+ shards behind in writing; retry after 1 s",
-                                busy.json()["error"]["message"])  # fmt: skip
-        time.sleep(1)
-        for client, seq, _ in refused:
-            retried = _send_upload(server.url, client, seq, _steps_table(f"{client}-{seq}", 50))
-            assert retried.json()["stored"] == {"steps": 50}
-        metrics = requests.get(server.url + "/v1/metrics", timeout=5).text
-    assert re.search(r'^rlpipe_responses_total\{status="503"\} [1-9]', metrics, re.M)
-    steps = pd.read_parquet(data / "steps")
-    assert len(steps) == sum(acknowledged) + 50 * len(refused)
-    assert set(steps.groupby("episode_id").size()) == {50}
-
-
-def test_an_upload_with_a_nan_reward_is_refused_whole_on_the_fast_path(tmp_path: Path) -> None:
-    """A batch with the exact step schema takes the writer's fast path; one NaN refuses it all,
-    with the validating path's message naming the row."""
-    from pipeline.schema import step_schema, steps_from_columns
-
-    env = gym.make("CartPole-v1")
-    table = _steps_table("n", 3)
-    columns = {name: table.column(name) for name in table.column_names}
-    columns["reward"] = pa.array([1.0, float("nan"), 1.0])
-    batch = steps_from_columns(step_schema(env.observation_space, env.action_space),
-                               {**columns, "reward": [1.0, 1.0, 1.0]},
-                               env.observation_space, env.action_space)  # fmt: skip
-    bad = batch.set_column(batch.schema.get_field_index("reward"),
-                           batch.schema.field("reward"), columns["reward"])  # fmt: skip
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, bad.schema) as writer:
-        writer.write_batch(bad)
-    headers = {"Content-Type": "application/vnd.apache.arrow.stream", "X-Rlpipe-Client": "c",
-               "X-Rlpipe-Upload": "0"}  # fmt: skip
-    with running_server(cartpole_config(tmp_path / "ds")) as server:
-        refused = requests.post(server.url + "/v1/uploads", data=sink.getvalue(),
-                                headers=headers, timeout=10)  # fmt: skip
-        assert refused.status_code == 400
-        assert refused.json()["error"]["message"] == (
-            "row 1, field 'reward': expected finite values, got nan"
-        )
-        assert _upload(server.url, "c", 1, pa.Table.from_batches([batch]))["stored"] == {"steps": 3}
-    assert len(pd.read_parquet(tmp_path / "ds" / "steps")) == 3
-
-
 def test_requests_without_a_length_get_the_same_answers_from_flask(tmp_path: Path) -> None:
     """A chunked body (no Content-Length) skips the WSGI fast path; Flask answers alike."""
     with running_server(cartpole_config(tmp_path / "ds", token=TOKEN)) as server:
@@ -467,46 +347,6 @@ def test_no_file_is_served_from_the_working_directory(
             response = requests.get(server.url + path, timeout=5)
             assert response.status_code == 404, path
             assert "do not serve" not in response.text
-
-
-def test_sigkill_loses_nothing_acknowledged_and_a_restart_continues(tmp_path: Path) -> None:
-    data, port = tmp_path / "ds", free_port()
-    process = start_serve_process(data, port)
-    url = f"http://127.0.0.1:{port}"
-    acknowledged: list[int] = []  # upload numbers the server answered 200 to
-    in_flight: list[int] = []
-
-    def upload_until_the_server_dies() -> None:
-        for seq in range(10_000):
-            try:
-                _upload(url, "k", seq, _steps_table(f"k{seq}", 20))
-            except requests.ConnectionError:
-                in_flight.append(seq)
-                return
-            acknowledged.append(seq)
-
-    _post(url, "/v1/episodes", {"episode_id": "r"})
-    for n in range(1, 4):
-        _post(url, "/v1/episodes/r/actions", {"observation": OBS, "request": n})
-    uploads = threading.Thread(target=upload_until_the_server_dies)
-    uploads.start()
-    while len(acknowledged) < 5:
-        time.sleep(0.01)
-    kill(process)  # SIGKILL, mid-stream
-    uploads.join()
-    process = start_serve_process(data, port)
-    try:
-        retried = _upload(url, "k", in_flight[0], _steps_table(f"k{in_flight[0]}", 20))
-        _upload(url, "k", 10_001, _steps_table("after", 20))
-    finally:
-        kill(process, 15)  # SIGTERM: a clean shutdown
-    steps = pd.read_parquet(data / "steps")
-    stored = set(steps["episode_id"])
-    assert {f"k{seq}" for seq in acknowledged} <= stored
-    assert {"r", f"k{in_flight[0]}", "after"} <= stored
-    assert len(steps) == 20 * (len(acknowledged) + 2) + 2  # r: rows t=0, 1; t=2 was pending
-    assert not steps.duplicated(["episode_id", "agent_id", "t"]).any()
-    assert retried["stored"]["steps"] in (0, 20)  # 0 when the lost answer's rows were stored
 
 
 def test_serve_takes_spaces_from_a_file_and_a_token(tmp_path: Path) -> None:
