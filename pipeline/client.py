@@ -237,7 +237,7 @@ class PolicyClient:
         self._http.close()
         if self._own_spool is not None and delivered:
             shutil.rmtree(self._own_spool, ignore_errors=True)
-        elif self._own_spool is not None:
+        elif self._own_spool is not None:  # kept: it holds what the server does not have yet
             _log.warning("undelivered steps are kept in %s: pass it as spool_dir to a new "
                          "PolicyClient to deliver them", self._own_spool)  # fmt: skip
         return delivered

@@ -163,17 +163,13 @@ class NumpyPolicy:
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.version = checkpoint.version
         self.spec = checkpoint.spec
-        layers = len(self.spec.hidden) + 1
-        try:
-            self._layers = [
-                (checkpoint.weights[f"pi.{i}.weight"].T.astype(np.float32),
-                 checkpoint.weights[f"pi.{i}.bias"].astype(np.float32))
-                for i in range(layers)
-            ]  # fmt: skip
-            self._log_std = checkpoint.weights.get("log_std")
-        except KeyError as missing:
-            raise DatasetError(f"checkpoint version {self.version}: no array {missing}") from None
-        _check_shapes(checkpoint)
+        _check_shapes(checkpoint)  # every array there, in its shape
+        self._layers = [
+            (checkpoint.weights[f"pi.{i}.weight"].T.astype(np.float32),
+             checkpoint.weights[f"pi.{i}.bias"].astype(np.float32))
+            for i in range(len(self.spec.hidden) + 1)
+        ]  # fmt: skip
+        self._log_std = checkpoint.weights.get("log_std")
         self._activation = np.tanh if self.spec.activation == "tanh" else _relu
         space = self.spec.observation_space
         # a Box flattens to its values row-major: a reshape, not a trip through flatten_batch

@@ -25,6 +25,7 @@ from pipeline.errors import SchemaError
 from pipeline.recorder import Episode, Pending
 from server import replays
 from server.combiner import Combiner
+from server.episodes import refuse_repeats
 from server.errors import ApiError
 
 _AGENT = layout.DEFAULT_AGENT_ID
@@ -88,10 +89,7 @@ class ColumnStepper:
         if len(set(ids)) != len(ids):
             if len(steps) > 1:
                 raise _Overlap()
-            twice = next(episode_id for episode_id in ids if ids.count(episode_id) > 1)
-            field = "episodes" if steps[0].answers else "episode_ids"  # the form's own name
-            raise ApiError(400, f"field '{field}': expected each episode at most once per "
-                                f"request, got '{twice}' twice")  # fmt: skip
+            refuse_repeats(ids, "episodes" if steps[0].answers else "episode_ids")
         episodes = self._service.episodes.get_many(ids)
         held = []
         try:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from pipeline.recorder import Episode
@@ -97,6 +98,16 @@ class EpisodeBook:
     def all_open(self) -> list[Episode]:
         with self._lock:
             return list(self._open.values())
+
+
+def refuse_repeats(episode_ids: Sequence[str], field: str) -> None:
+    """The 400 for a request that names an episode twice (its rows would race for one episode),
+    naming the first id that comes more than once."""
+    counts = Counter(episode_ids)
+    twice = next((episode_id for episode_id in episode_ids if counts[episode_id] > 1), None)
+    if twice is not None:
+        raise ApiError(400, f"field '{field}': expected each episode at most once per request, "
+                            f"got '{twice}' twice")  # fmt: skip
 
 
 def ended_message(episode_id: str) -> str:

@@ -80,7 +80,7 @@ def _op(summary: str, body: Any = None, ok: str = "200", errors: tuple[str, ...]
     with_body = ("413", "415") if body is not None else ()
     for status in sorted({"400", "401", *with_body, *errors}):
         responses[status] = {"description": _ANSWERS[status]}
-        if status >= "400":
+        if int(status) >= 400:
             responses[status]["content"] = _json(_ERROR)
     op: dict[str, Any] = {"summary": summary, "responses": responses}
     if body is not None:

@@ -31,7 +31,7 @@ from server import replays
 from server.columns import ColumnStepper
 from server.combiner import Combiner
 from server.config import ServerConfig
-from server.episodes import EpisodeBook, ended_message
+from server.episodes import EpisodeBook, ended_message, refuse_repeats
 from server.errors import ApiError
 from server.inference import PolicyRunner
 from server.messages import StepInput
@@ -107,10 +107,7 @@ class Service:
         """
         episodes = {item.episode.episode_id: item.episode for item in items}
         if len(episodes) != len(items):
-            ids = [item.episode.episode_id for item in items]
-            twice = next(episode_id for episode_id in ids if ids.count(episode_id) > 1)
-            raise ApiError(400, "field 'episodes': expected each episode at most once per "
-                                f"request, got '{twice}' twice")  # fmt: skip
+            refuse_repeats([item.episode.episode_id for item in items], "episodes")
         with ExitStack() as stack:
             for episode_id in sorted(episodes):
                 stack.enter_context(episodes[episode_id].lock)
