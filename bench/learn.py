@@ -51,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.cli import main as rlpipe
+from pipeline.commands.cli import main as rlpipe
 from pipeline.importers.rllib import read_ray_data
 from pipeline.importers.transitions import write_dataset
 from server import process as serve
@@ -203,7 +203,7 @@ def online(run: OnlineRun, root: Path, budget: float) -> tuple[dict[str, Any] | 
     server, address = _serve(data, run.env_id, run.interval_s)
     processes: list[subprocess.Popen[Any]] = []
     try:
-        command = [sys.executable, "-m", "pipeline.cli", "train", run.algorithm, "--follow",
+        command = [sys.executable, "-m", "pipeline", "train", run.algorithm, "--follow",
                    "--data", str(data), "--run-dir", str(run_dir), "--max-seconds", str(budget),
                    "--stop-return", str(run.stop), *run.options]  # fmt: skip
         with (root / f"train-{run.algorithm}.log").open("w") as log:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cartpole_columns, cartpole_spaces, report
 
 from pipeline import DatasetWriter, InputReader, WriterConfig
-from pipeline.reader import DEFAULT_COLUMNS
+from pipeline.dataset.reader import DEFAULT_COLUMNS
 
 BATCH_SIZE = 1024
 ROUNDS = 5  # interleaved, best of each: noise from other processes hits all three alike

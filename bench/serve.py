@@ -80,7 +80,7 @@ def worker_vector(
     url: str, seconds: float, start_at: float, seed: int, envs: int
 ) -> dict[str, Any]:
     """A vectorized simulator: gymnasium's numpy CartPole steps all its envs at once, and
-    :class:`~pipeline.vector.VectorEpisodes` sends each vector step as one request in the
+    :class:`~pipeline.client.vector.VectorEpisodes` sends each vector step as one request in the
     columnar batch form.
 
     The vector env resets an env on the step after its episode ended (gymnasium's next-step
@@ -89,7 +89,7 @@ def worker_vector(
     import gymnasium as gym
 
     from pipeline.client import PolicyClient
-    from pipeline.vector import VectorEpisodes
+    from pipeline.client.vector import VectorEpisodes
 
     client = PolicyClient(url, inference_mode="remote", timeout=30.0)
     sims = gym.make_vec("CartPole-v1", num_envs=envs, vectorization_mode="vector_entry_point")
@@ -146,8 +146,8 @@ def worker_ingest(url: str, seconds: float, start_at: float, seed: int) -> dict[
     import pyarrow as pa
     from common import cartpole_columns, cartpole_spaces
 
-    from pipeline.schema import step_schema, steps_from_columns
-    from pipeline.transport import Http
+    from pipeline.client.transport import Http
+    from pipeline.format.schema import step_schema, steps_from_columns
 
     observation_space, action_space = cartpole_spaces()
     columns = cartpole_columns(100_000, seed=seed)
@@ -172,7 +172,7 @@ def worker_ingest(url: str, seconds: float, start_at: float, seed: int) -> dict[
 
 
 def worker_bare(url: str, seconds: float, start_at: float, seed: int) -> dict[str, Any]:
-    from pipeline.transport import Http
+    from pipeline.client.transport import Http
 
     http = Http(url, None, 10.0, None)  # the client transport PolicyClient uses
     latencies = []
@@ -280,7 +280,7 @@ def _phase(kind: str, url: str, clients: int, seconds: float, **extra: Any) -> d
 def _checkpoint(data: Path) -> None:
     from common import cartpole_spaces
 
-    from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
+    from pipeline.policy.checkpoint import Checkpoint, ModelSpec, save_checkpoint
 
     observation_space, action_space = cartpole_spaces()
     rng = np.random.default_rng(0)
@@ -368,7 +368,7 @@ def _servers(data: Path, port: int, threads: int | None) -> tuple[Any, dict[str,
     """``rlpipe serve`` on ``data``, and the two bare servers of the baselines."""
     extra = [] if threads is None else ["--threads", str(threads)]
     server = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data), "--env",
+        [sys.executable, "-m", "pipeline", "serve", "--data", str(data), "--env",
          "CartPole-v1", "--port", str(port), *extra], cwd=ROOT, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     bare_ports = {kind: _free_port() for kind in ("flask", "wsgi")}

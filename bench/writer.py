@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cartpole_columns, cartpole_spaces, report
 
 from pipeline import DatasetWriter
-from pipeline.schema import step_schema, steps_from_columns
+from pipeline.format.schema import step_schema, steps_from_columns
 
 
 def durable_rate(

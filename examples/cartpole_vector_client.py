@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from pipeline.client import PolicyClient
-from pipeline.vector import VectorEpisodes
+from pipeline.client.vector import VectorEpisodes
 
 
 def parse_args() -> argparse.Namespace:

@@ -49,7 +49,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
 def _rlpipe(*args: str, **options: object) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "pipeline.cli", *args]
+    command = [sys.executable, "-m", "pipeline", *args]
     return subprocess.Popen(command, text=True, env=ENV, cwd=ROOT, **options)  # type: ignore[call-overload]
 
 
@@ -127,7 +127,7 @@ def _solved(run: Path) -> bool:
 
 def report(out: Path) -> None:
     """inspect, the learning curve and a GIF of the best episode."""
-    from pipeline.cli import main as rlpipe
+    from pipeline.commands.cli import main as rlpipe
 
     data = out / "data"
     print()

@@ -15,7 +15,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from pipeline import InputReader, layout
+from pipeline import InputReader
+from pipeline.format import layout
 from pipeline.importers import rllib
 from pipeline.importers.transitions import SourceSteps, write_dataset
 

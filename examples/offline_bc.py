@@ -20,9 +20,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from pipeline import DatasetWriter, InputReader, layout
-from pipeline.cli import main as rlpipe
-from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint
+from pipeline import DatasetWriter, InputReader
+from pipeline.commands.cli import main as rlpipe
+from pipeline.format import layout
+from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
+from pipeline.policy.network import NumpyPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "datasets" / "cartpole-expert"

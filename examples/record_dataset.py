@@ -30,7 +30,8 @@ import numpy as np
 
 from pipeline import DatasetWriter, WriterConfig
 from pipeline.errors import ConfigError, RlpipeError
-from pipeline.policy import Checkpoint, NumpyPolicy, latest_checkpoint, load_checkpoint
+from pipeline.policy.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
+from pipeline.policy.network import NumpyPolicy
 
 STEP_KEYS = ("t", "observation", "action", "reward", "next_observation", "terminated",
              "truncated", "action_logp")  # fmt: skip

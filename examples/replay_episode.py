@@ -21,8 +21,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from pipeline import DatasetWriter, layout
-from pipeline.replay import replay_episode
+from pipeline import DatasetWriter
+from pipeline.commands.replay import replay_episode
+from pipeline.format import layout
 
 
 def parse_args() -> argparse.Namespace:

@@ -3,7 +3,10 @@
 The names most users need are here; the modules hold the rest.
 """
 
-from pipeline.batch import Batch
+from pipeline.dataset.batch import Batch
+from pipeline.dataset.reader import InputReader, ReaderConfig
+from pipeline.dataset.recovery import recover
+from pipeline.dataset.writer import DatasetWriter, WriterConfig
 from pipeline.errors import (
     ConfigError,
     DatasetError,
@@ -12,10 +15,7 @@ from pipeline.errors import (
     SchemaError,
     SpaceError,
 )
-from pipeline.manifest import Manifest, read_manifest
-from pipeline.reader import InputReader, ReaderConfig
-from pipeline.recovery import recover
-from pipeline.writer import DatasetWriter, WriterConfig
+from pipeline.format.manifest import Manifest, read_manifest
 
 __version__ = "0.1.0"
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from flask import Flask, Response, current_app, g, jsonify, request
 
-from pipeline import spaces
+from pipeline.format import spaces
 from server import errors, handlers, openapi
 from server.config import ServerConfig
 from server.messages import parse_json

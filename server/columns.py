@@ -7,8 +7,8 @@ dicts (:mod:`server.service`), that cost more CPU than the HTTP round trip aroun
 request's rows are arrays: the observations are checked in one numpy pass, and the rows of all
 requests that arrive together (:mod:`server.combiner`) share one forward pass, one Arrow batch
 built column by column and one durable append. Multi-agent steps, logged actions and spaces other
-than a Box of floats take the general path; both keep the same :class:`~pipeline.recorder.Episode`
-state, so one episode may use either.
+than a Box of floats take the general path; both keep the same
+:class:`~pipeline.recording.recorder.Episode` state, so one episode may use either.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import layout
 from pipeline.errors import SchemaError
-from pipeline.recorder import Episode, Pending
+from pipeline.format import layout
+from pipeline.recording.recorder import Episode, Pending
 from server import replays
 from server.combiner import Combiner
 from server.episodes import refuse_repeats
@@ -164,7 +164,7 @@ class ColumnStepper:
         ends: list[str | None],
     ) -> dict[str, Any]:
         """The step rows the new observations complete, column by column: the writer logs
-        numeric columns as arrays (:meth:`pipeline.rowlog.RowEncoder.encode_columns`)."""
+        numeric columns as arrays (:meth:`pipeline.dataset.rowlog.RowEncoder.encode_columns`)."""
         mine = [episodes[i] for i in done]
         agents = [states[i] for i in done]
         pending = [state.pending for state in agents]

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
-    from pipeline.writer import WriterConfig
+    from pipeline.dataset.writer import WriterConfig
     from server.config import ServerConfig
 
     observation_space = action_space = None
@@ -88,7 +88,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         observation_space, action_space = env.observation_space, env.action_space
         env.close()
     elif args.spaces is not None:
-        from pipeline import spaces
+        from pipeline.format import spaces
 
         try:
             doc = json.loads(args.spaces.read_text())

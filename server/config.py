@@ -8,8 +8,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from pipeline.dataset.writer import WriterConfig
 from pipeline.errors import ConfigError
-from pipeline.writer import WriterConfig
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.recorder import Episode
+from pipeline.recording.recorder import Episode
 from server.errors import ApiError
 
 

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from pipeline import layout
-from pipeline.recorder import Episode
+from pipeline.format import layout
+from pipeline.recording.recorder import Episode
 from server import errors, replays
 from server.columns import (
     TERMINATED,

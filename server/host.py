@@ -111,7 +111,7 @@ def _fork_workers() -> None:
 def _check_dataset(config: ServerConfig) -> None:
     """Refuse a dataset the worker could not open, here, where the error reaches the caller:
     a worker that fails can only print why and exit. (The writer's own rule, run early.)"""
-    from pipeline.manifest import open_manifest
+    from pipeline.format.manifest import open_manifest
 
     open_manifest(str(Path(config.data).resolve()), config.observation_space,
                   config.action_space, config.env_id)  # fmt: skip

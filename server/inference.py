@@ -20,9 +20,10 @@ import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
-from pipeline import codec
 from pipeline.errors import DatasetError
-from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint, policy_for
+from pipeline.format import codec
+from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
+from pipeline.policy.network import NumpyPolicy, policy_for
 from server.combiner import Combiner
 
 _log = logging.getLogger("rlpipe.server")

@@ -16,8 +16,8 @@ import gymnasium as gym
 import orjson
 import pyarrow as pa
 
-from pipeline import codec, layout, spaces
 from pipeline.errors import SchemaError
+from pipeline.format import codec, layout, spaces
 from server.columns import TERMINATED, TRUNCATED, ColumnStep
 from server.errors import ApiError, bad_request
 

@@ -28,7 +28,7 @@ def start(
     Raises:
         RuntimeError: when the server exits before it listens (its log says why).
     """
-    command = [sys.executable, "-m", "pipeline.cli", "serve", *arguments, "--port", "0"]
+    command = [sys.executable, "-m", "pipeline", "serve", *arguments, "--port", "0"]
     server = subprocess.Popen(command, text=True, env=env, cwd=cwd,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     if server.stdout is None:  # not with stdout=PIPE; this narrows the type

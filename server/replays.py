@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.recorder import Episode
+from pipeline.recording.recorder import Episode
 from server.errors import ApiError
 
 Last = tuple[int, Any] | None  # an episode's last numbered request and the answer it got

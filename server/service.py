@@ -24,9 +24,9 @@ from typing import Any
 import gymnasium as gym
 import pyarrow as pa
 
+from pipeline.dataset.writer import DatasetWriter
 from pipeline.errors import DatasetError, SchemaError
-from pipeline.recorder import Episode, Pending, Row
-from pipeline.writer import DatasetWriter
+from pipeline.recording.recorder import Episode, Pending, Row
 from server import replays
 from server.columns import ColumnStepper
 from server.combiner import Combiner

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipeline import layout, schema
-from pipeline.writer import DatasetWriter
+from pipeline.dataset.writer import DatasetWriter
+from pipeline.format import layout, schema
 from server.errors import ApiError, bad_request
 
 _KEYS = {layout.STEPS: ["episode_id", "agent_id", "t"], layout.EPISODES: ["episode_id", "agent_id"]}

@@ -21,7 +21,7 @@ import requests
 from flask import Flask
 from werkzeug.serving import make_server
 
-from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
+from pipeline.policy.checkpoint import Checkpoint, ModelSpec, save_checkpoint
 from server.app import create_app
 from server.config import ServerConfig
 from server.service import Service
@@ -87,7 +87,7 @@ def start_serve_process(
     """``rlpipe serve`` (granian) as a subprocess, returned once it answers health."""
     source = ["--env", env_id] if env_id is not None else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(data), *source,
+        [sys.executable, "-m", "pipeline", "serve", "--data", str(data), *source,
          "--port", str(port), *extra],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONWARNINGS": "error"},

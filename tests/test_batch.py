@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.batch import Batch
+from pipeline.dataset.batch import Batch
 
 
 def _batch(rows: int) -> Batch:

@@ -11,7 +11,7 @@ import pytest
 from trainer_factories import bandit, bandit_reward, read_all, scripted_cartpole
 
 from pipeline.errors import ConfigError
-from pipeline.policy import NumpyPolicy
+from pipeline.policy.network import NumpyPolicy
 from pipeline.trainers.bc import BC, BCConfig
 from pipeline.trainers.buffer import ReplayBuffer
 from pipeline.trainers.evaluation import evaluate

@@ -12,8 +12,9 @@ import pyarrow.compute as pc
 import pytest
 from conftest import cartpole_rollout, cartpole_spaces
 
-from pipeline import DatasetWriter, InputReader, SchemaError, checks
-from pipeline.schema import step_schema, steps_from_columns
+from pipeline import DatasetWriter, InputReader, SchemaError
+from pipeline.format import checks
+from pipeline.format.schema import step_schema, steps_from_columns
 
 
 def _good_batch(n: int = 6) -> pa.RecordBatch:

@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from pipeline.cli import main
+from pipeline.commands.cli import main
 
 
 def test_help_lists_the_commands() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "pipeline", "--help"], capture_output=True, text=True, check=True
     )
     assert result.stdout.startswith("usage: rlpipe")
 

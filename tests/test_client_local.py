@@ -1,5 +1,6 @@
-"""Local inference's column log (pipeline/local.py, pipeline/stepbuffer.py) against a real server:
-the rows it uploads are the known ones, whatever the interleaving of episodes and uploads."""
+"""Local inference's column log (pipeline/client/local.py, pipeline/recording/stepbuffer.py) against
+a real server: the rows it uploads are the known ones, whatever the interleaving of episodes and
+uploads."""
 
 from __future__ import annotations
 

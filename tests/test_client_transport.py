@@ -1,5 +1,5 @@
-"""The client's HTTP response reader (pipeline/transport.py) against a real socket server that
-answers in each of HTTP/1.1's framings: Content-Length, chunked (with a trailer), and close."""
+"""The client's HTTP response reader (pipeline/client/transport.py) against a real socket server
+that answers in each of HTTP/1.1's framings: Content-Length, chunked (with a trailer), and close."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from pipeline.client.transport import Http
 from pipeline.errors import ServerUnavailable
-from pipeline.transport import Http
 
 ANSWERS = {
     "/length": b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\nX-Rlpipe-Policy-Version: 3\r\n\r\n"

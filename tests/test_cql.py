@@ -15,7 +15,7 @@ from trainer_factories import bandit, bandit_reward, read_all
 
 from pipeline import read_manifest
 from pipeline.errors import ConfigError
-from pipeline.policy import NumpyPolicy
+from pipeline.policy.network import NumpyPolicy
 from pipeline.trainers.buffer import ReplayBuffer
 from pipeline.trainers.cql import CQL, CQLConfig
 from pipeline.trainers.networks import MLP

@@ -20,9 +20,10 @@ import pandas as pd
 import pytest
 
 from pipeline import InputReader
-from pipeline.cli import main
-from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint
-from pipeline.replay import replay_episode
+from pipeline.commands.cli import main
+from pipeline.commands.replay import replay_episode
+from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
+from pipeline.policy.network import NumpyPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ROOT / "datasets"

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import InputReader, recover
-from pipeline.discovery import list_shards
-from pipeline.layout import resolve
+from pipeline.dataset.discovery import list_shards
+from pipeline.format.layout import resolve
 
 ROUNDS = 20
 FORMS = ("columns", "rows", "packed")  # how each of three sharing writers appends

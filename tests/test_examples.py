@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import InputReader
-from pipeline.replay import replay_episode
+from pipeline.commands.replay import replay_episode
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchor-data" / "rllib-test-data"

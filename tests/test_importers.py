@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from pipeline import InputReader, read_manifest
-from pipeline.cli import main
+from pipeline.commands.cli import main
 from pipeline.errors import DatasetError
 from pipeline.importers.transitions import SourceSteps, split_episodes
 from pipeline.importers.unpickler import load_ndarray

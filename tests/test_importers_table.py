@@ -15,10 +15,10 @@ import pyarrow.dataset as ds
 import pytest
 
 from pipeline import InputReader, read_manifest
-from pipeline.cli import main
+from pipeline.commands.cli import main
+from pipeline.commands.replay import replay_episode
 from pipeline.errors import DatasetError
 from pipeline.importers.table import import_dataframe
-from pipeline.replay import replay_episode
 
 h5py = pytest.importorskip("h5py")
 

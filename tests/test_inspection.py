@@ -14,9 +14,9 @@ import pytest
 from conftest import cartpole_rollout
 from PIL import Image
 
-from pipeline.cli import main
+from pipeline.commands.cli import main
+from pipeline.commands.inspection import inspect_dataset
 from pipeline.importers.table import import_dataframe
-from pipeline.inspection import inspect_dataset
 
 
 def expected_episodes(steps: int, seed: int = 0) -> tuple[list[float], int]:

@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from pipeline.batch import Batch
+from pipeline.dataset.batch import Batch
 from pipeline.trainers.loop import EpisodeReturns
 from pipeline.trainers.ppo import PPO, PPOConfig
 

@@ -11,17 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import codec, flattening
 from pipeline.errors import ConfigError, DatasetError
-from pipeline.policy import (
+from pipeline.format import codec, flattening
+from pipeline.policy.checkpoint import (
     Checkpoint,
     ModelSpec,
-    NumpyPolicy,
     latest_checkpoint,
     load_checkpoint,
-    policy_for,
     save_checkpoint,
 )
+from pipeline.policy.network import NumpyPolicy, policy_for
 
 OBSERVATION = gym.spaces.Dict(
     {"position": gym.spaces.Box(-1.0, 1.0, (3,), np.float32), "mode": gym.spaces.Discrete(3)}

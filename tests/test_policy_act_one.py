@@ -1,12 +1,13 @@
-"""NumpyPolicy.act_one (pipeline/policy.py): one observation's action and log-probability,
-checked against the batch forward pass it must agree with."""
+"""NumpyPolicy.act_one (pipeline/policy/network.py): one observation's action and
+log-probability, checked against the batch forward pass it must agree with."""
 
 from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
 
-from pipeline.policy import Checkpoint, ModelSpec, NumpyPolicy
+from pipeline.policy.checkpoint import Checkpoint, ModelSpec
+from pipeline.policy.network import NumpyPolicy
 
 OBSERVATION = gym.spaces.Box(-5.0, 5.0, (3,), np.float32)
 

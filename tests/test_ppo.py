@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.batch import Batch
+from pipeline.dataset.batch import Batch
 from pipeline.errors import ConfigError
-from pipeline.policy import Checkpoint, NumpyPolicy
+from pipeline.policy.checkpoint import Checkpoint
+from pipeline.policy.network import NumpyPolicy
 from pipeline.trainers.evaluation import evaluate
 from pipeline.trainers.ppo import PPO, PPOConfig
 

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from pipeline import DatasetWriter, InputReader
-from pipeline.cli import main
-from pipeline.replay import replay_episode
+from pipeline.commands.cli import main
+from pipeline.commands.replay import replay_episode
 
 # (seed, reset options) per episode; CartPole takes the bounds of its initial state as options.
 EPISODES = [(10, None), (11, None), (12, {"low": -0.01, "high": 0.01}), (13, None)]

@@ -18,8 +18,10 @@ import pyarrow.dataset as ds
 import pytest
 from conftest import cartpole_spaces
 
-from pipeline import DatasetError, DatasetWriter, SchemaError, recover, rowlog, schema
-from pipeline.layout import DEFAULT_AGENT_ID
+from pipeline import DatasetError, DatasetWriter, SchemaError, recover
+from pipeline.dataset import rowlog
+from pipeline.format import schema
+from pipeline.format.layout import DEFAULT_AGENT_ID
 
 
 def _rows(n: int, episode: str = "e") -> list[dict[str, Any]]:

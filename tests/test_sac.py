@@ -14,7 +14,7 @@ from trainer_factories import bandit, bandit_reward, read_all
 
 from pipeline import read_manifest
 from pipeline.errors import ConfigError
-from pipeline.policy import NumpyPolicy
+from pipeline.policy.network import NumpyPolicy
 from pipeline.trainers.buffer import ReplayBuffer
 from pipeline.trainers.sac import SAC, SACConfig
 

@@ -24,8 +24,8 @@ from server_fixtures import (
     start_serve_process,
 )
 
-from pipeline import spaces
-from pipeline.policy import Checkpoint, ModelSpec, save_checkpoint
+from pipeline.format import spaces
+from pipeline.policy.checkpoint import Checkpoint, ModelSpec, save_checkpoint
 from server import openapi
 
 TOKEN = "s3cret"
@@ -413,7 +413,7 @@ def test_policy_names_a_file_a_checkpoints_directory_or_a_run(tmp_path: Path, na
 def test_serve_refuses_what_it_cannot_serve(
     tmp_path: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipeline.cli import main
+    from pipeline.commands.cli import main
 
     assert main(["serve", *(a.format(tmp=tmp_path) for a in argv)]) == 2
     assert message in capsys.readouterr().err

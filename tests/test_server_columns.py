@@ -15,7 +15,8 @@ import pytest
 import requests
 from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
 
-from pipeline.policy import NumpyPolicy, load_checkpoint
+from pipeline.policy.checkpoint import load_checkpoint
+from pipeline.policy.network import NumpyPolicy
 from server.combiner import Combiner
 
 OBS = [[0.01, -0.02, 0.03, 0.04], [0.1, 0.2, 0.3, 0.4], [-0.5, 0.5, -0.05, 0.05]]

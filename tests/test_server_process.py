@@ -43,7 +43,7 @@ def test_a_second_server_on_a_taken_port_is_refused(tmp_path: Path) -> None:
     try:
         port = address.rpartition(":")[2]
         second = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "serve", "--data", str(tmp_path / "b"),
+            [sys.executable, "-m", "pipeline", "serve", "--data", str(tmp_path / "b"),
              "--env", "CartPole-v1", "--port", port],
             env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip

@@ -18,7 +18,7 @@ import pyarrow as pa
 import requests
 from server_fixtures import cartpole_config, free_port, kill, running_server, start_serve_process
 
-from pipeline import codec
+from pipeline.format import codec
 
 
 def _upload(url: str, client: str, seq: int, table: pa.Table, name: str = "steps") -> Any:
@@ -72,7 +72,7 @@ def test_uploads_are_stored_once_across_retries_and_restarts(tmp_path: Path) -> 
 def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path: Path) -> None:
     """Every upload rolls a shard and one rolled shard waiting is the limit: four clients
     uploading back to back soon meet a writer still writing a shard to Parquet."""
-    from pipeline.writer import WriterConfig
+    from pipeline.dataset.writer import WriterConfig
 
     data = tmp_path / "ds"
     writer = WriterConfig(max_rows=1, sync="background")
@@ -111,7 +111,7 @@ def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path
 def test_an_upload_with_a_nan_reward_is_refused_whole_on_the_fast_path(tmp_path: Path) -> None:
     """A batch with the exact step schema takes the writer's fast path; one NaN refuses it all,
     with the validating path's message naming the row."""
-    from pipeline.schema import step_schema, steps_from_columns
+    from pipeline.format.schema import step_schema, steps_from_columns
 
     env = gym.make("CartPole-v1")
     table = _steps_table("n", 3)

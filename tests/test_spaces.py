@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Text, Tuple
 
-from pipeline.codec import (
+from pipeline.errors import SchemaError, SpaceError
+from pipeline.format.codec import (
     float_box_column,
     float_box_rows,
     from_arrow,
@@ -22,9 +23,8 @@ from pipeline.codec import (
     to_arrow,
     to_arrow_rows,
 )
-from pipeline.errors import SchemaError, SpaceError
-from pipeline.flattening import flatdim, flatten
-from pipeline.spaces import (
+from pipeline.format.flattening import flatdim, flatten
+from pipeline.format.spaces import (
     space_field,
     space_from_field,
     space_from_json,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.spool import Spool, Uploader, to_ipc
+from pipeline.client.spool import Spool, Uploader, to_ipc
 
 
 def _build(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:

@@ -15,8 +15,9 @@ import pytest
 from trainer_factories import rllib_cartpole, scripted_cartpole
 
 from pipeline import DatasetWriter, InputReader
-from pipeline.cli import main
-from pipeline.policy import NumpyPolicy, latest_checkpoint, load_checkpoint
+from pipeline.commands.cli import main
+from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
+from pipeline.policy.network import NumpyPolicy
 from pipeline.trainers import loop  # noqa: F401  (torch imported before client threads start)
 
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchor-data" / "rllib-test-data"

@@ -18,8 +18,8 @@ from gymnasium.vector import AutoresetMode
 from server_fixtures import cartpole_config, env_config, lossy_proxy, running_server
 
 from pipeline.client import PolicyClient, RequestRejected
+from pipeline.client.vector import VectorEpisodes
 from pipeline.errors import ConfigError, SchemaError
-from pipeline.vector import VectorEpisodes
 from server.config import ServerConfig
 
 ENVS = 4

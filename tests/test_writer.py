@@ -24,7 +24,7 @@ from pipeline import (
     WriterConfig,
     read_manifest,
 )
-from pipeline.layout import DEFAULT_AGENT_ID
+from pipeline.format.layout import DEFAULT_AGENT_ID
 
 
 def _read_all(path: Path, **options: Any) -> Any:

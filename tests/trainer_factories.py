@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from pipeline import DatasetWriter, InputReader
-from pipeline.batch import Batch
+from pipeline.dataset.batch import Batch
 
 
 def balance(observation: np.ndarray) -> int:

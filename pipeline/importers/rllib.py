@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipeline import layout
 from pipeline.errors import DatasetError
+from pipeline.format import layout
 from pipeline.importers.transitions import SourceSteps, arrow_to_numpy
 from pipeline.importers.unpickler import load_ndarray
 

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from pipeline import layout
 from pipeline.errors import DatasetError
+from pipeline.format import layout
 from pipeline.importers.transitions import ImportSummary, SourceSteps, arrow_to_numpy, write_dataset
 
 COLUMNS = {

@@ -23,9 +23,9 @@ import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
-from pipeline import layout
+from pipeline.dataset.writer import DatasetWriter
 from pipeline.errors import ConfigError, DatasetError
-from pipeline.writer import DatasetWriter
+from pipeline.format import layout
 
 _CHUNK_ROWS = 65_536
 

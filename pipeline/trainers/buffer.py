@@ -1,6 +1,6 @@
 """Rows held in memory for trainers that sample them more than once (offline data, SAC's replay).
 
-Batches arrive from the :class:`~pipeline.reader.InputReader` (episodes, shuffled or live
+Batches arrive from the :class:`~pipeline.dataset.reader.InputReader` (episodes, shuffled or live
 transitions); the buffer joins them into one Batch and hands out seeded random minibatches. It
 keeps the newest ``capacity`` rows, as a replay buffer does.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.batch import Batch
+from pipeline.dataset.batch import Batch
 from pipeline.errors import ConfigError
 
 

@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.manifest import read_manifest
+    from pipeline.format.manifest import read_manifest
     from pipeline.trainers import loop
     from pipeline.trainers.runlog import RunLog
 

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline import flattening
-from pipeline.batch import Batch
+from pipeline.dataset.batch import Batch
 from pipeline.errors import ConfigError
-from pipeline.policy import Checkpoint, ModelSpec
+from pipeline.format import flattening
+from pipeline.policy.checkpoint import Checkpoint, ModelSpec
 from pipeline.trainers import state, validation
 from pipeline.trainers.networks import (
     MLP,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from pipeline.policy import Checkpoint, NumpyPolicy
+from pipeline.policy.checkpoint import Checkpoint
+from pipeline.policy.network import NumpyPolicy
 
 
 def evaluate(checkpoint: Checkpoint, env_id: str, episodes: int = 5, seed: int = 0) -> float:

@@ -38,10 +38,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from pipeline import policy
-from pipeline.batch import Batch
+from pipeline.dataset.batch import Batch
+from pipeline.dataset.reader import InputReader
 from pipeline.errors import ConfigError, DatasetError
-from pipeline.reader import InputReader
+from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.trainers import state
 from pipeline.trainers.buffer import ReplayBuffer
 from pipeline.trainers.evaluation import evaluate as evaluate_policy
@@ -99,8 +99,8 @@ class _Run:
     def __init__(self, trainer: Any, settings: LoopSettings, log: RunLog) -> None:
         self.trainer, self.settings, self.log = trainer, settings, log
         self.publish_dir = (settings.data if settings.follow else settings.run_dir) / "checkpoints"
-        latest = policy.latest_checkpoint(self.publish_dir)
-        self.version = policy.load_checkpoint(latest).version if latest else 0
+        latest = latest_checkpoint(self.publish_dir)
+        self.version = load_checkpoint(latest).version if latest else 0
         state_file = settings.run_dir / state.STATE_FILE
         if state_file.exists():
             trainer.load_state_dict(state.load_state(state_file))
@@ -127,7 +127,7 @@ class _Run:
         self.version += 1
         checkpoint = self.trainer.checkpoint(self.version)
         self.wait_written()
-        self._written = self._writer.submit(policy.save_checkpoint, self.publish_dir, checkpoint)
+        self._written = self._writer.submit(save_checkpoint, self.publish_dir, checkpoint)
         if evaluate or time.monotonic() - self.saved >= STATE_EVERY_S:
             self.save_state()
         values: dict[str, Any] = {"update": self.updates, "version": self.version, **metrics}

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline import flattening
 from pipeline.errors import ConfigError
-from pipeline.policy import LOG_STD_MAX, LOG_STD_MIN, Checkpoint, ModelSpec
+from pipeline.format import flattening
+from pipeline.policy.checkpoint import LOG_STD_MAX, LOG_STD_MIN, Checkpoint, ModelSpec
 
 
 class MLP(nn.Module):

@@ -43,9 +43,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pipeline import flattening
-from pipeline.batch import Batch
-from pipeline.policy import Checkpoint
+from pipeline.dataset.batch import Batch
+from pipeline.format import flattening
+from pipeline.policy.checkpoint import Checkpoint
 from pipeline.trainers import state, validation
 from pipeline.trainers.networks import (
     MLP,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import DatasetError
-from pipeline.policy import save_arrays
+from pipeline.policy.checkpoint import save_arrays
 
 STATE_FILE = "trainer-state.npz"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.policy import ACTIVATIONS
+from pipeline.policy.checkpoint import ACTIVATIONS
 
 
 def positive(config: Any, *names: str) -> None:

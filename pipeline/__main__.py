@@ -1,0 +1,7 @@
+"""``python -m pipeline``: the ``rlpipe`` command."""
+
+import sys
+
+from pipeline.commands.cli import main
+
+sys.exit(main())

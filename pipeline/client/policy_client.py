@@ -1,0 +1,382 @@
+"""PolicyClient: RLlib's client verbs over rlpipe's safe HTTP protocol (``docs/protocol.md``).
+
+Code written against ``ray.rllib.env.policy_client.PolicyClient`` runs with only the import
+changed. Two modes, as in RLlib:
+
+- ``"remote"``: the server picks every action. A step costs one round trip: rewards logged with
+  :meth:`log_returns` ride on the next request instead of making their own.
+- ``"local"``: the client runs the policy itself (numpy, with weights it pulls every
+  ``update_interval`` seconds) and uploads steps in numbered batches from a background thread,
+  spooling them to disk while the server cannot take them, so a server that blinks costs
+  neither waiting nor data (:mod:`pipeline.client.spool` says exactly what survives what).
+
+Importing this module imports neither torch nor Flask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import math
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import gymnasium as gym
+import numpy as np
+import requests
+
+from pipeline.client import vector
+from pipeline.client.local import LocalInference
+from pipeline.client.spool import Spool, Uploader
+from pipeline.client.transport import (
+    ARROW_TYPE,
+    Http,
+    RemoteEpisode,
+    jsonable,
+    parse_spaces,
+)
+from pipeline.errors import (
+    ConfigError,
+    EpisodeError,
+    SchemaError,
+    ServerUnavailable,
+)
+from pipeline.format import layout
+from pipeline.policy.checkpoint import load_checkpoint
+from pipeline.policy.network import policy_for
+
+INFERENCE_MODES = ("local", "remote")
+_log = logging.getLogger("rlpipe.client")
+
+
+class PolicyClient:
+    """Connects a simulator to an rlpipe server; RLlib's verbs and meanings.
+
+    Args:
+        address: ``"host:port"`` or a URL such as ``"http://host:9900"``.
+        inference_mode: ``"local"`` (act here, upload batches) or ``"remote"`` (server acts).
+        update_interval: seconds between weight pulls in local mode; None pulls only on
+            :meth:`update_policy_weights`.
+        session: a ``requests.Session`` to reuse (connection pools, proxies, certificates).
+        timeout: seconds for each request; remote calls retry within it.
+        token: the server's bearer token, if it has one.
+        spool_dir: where local mode keeps batches until the server has them; batches a crashed
+            client left there are delivered too. The default, a new temporary directory, is
+            removed when :meth:`close` has delivered everything, and kept (with a warning that
+            names it) when it has not.
+        upload_rows: buffered steps that trigger an upload in local mode.
+        upload_interval_s: the longest a step waits in memory in local mode.
+        seed: seeds local action sampling.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        inference_mode: str = "local",
+        update_interval: float | None = 10.0,
+        session: requests.Session | None = None,
+        timeout: float = 10.0,
+        token: str | None = None,
+        spool_dir: str | Path | None = None,
+        *,
+        upload_rows: int = 4096,
+        upload_interval_s: float = 0.5,
+        seed: int | None = None,
+    ) -> None:
+        if inference_mode not in INFERENCE_MODES:
+            raise ConfigError("PolicyClient", "inference_mode", f"one of {INFERENCE_MODES}",
+                              inference_mode)  # fmt: skip
+        self.inference_mode = inference_mode
+        self.update_interval = update_interval
+        self.client_id = secrets.token_hex(8)
+        self._http = Http(address, session, timeout, token)
+        self._spaces: tuple[gym.Space[Any], gym.Space[Any], str | None] | None = None
+        self._remote: dict[str, RemoteEpisode] = {}
+        self._episode_numbers = itertools.count()
+        self._pulled = 0.0
+        self._uploader: Uploader | None = None
+        self._local: LocalInference | None = None
+        self._own_spool: Path | None = None  # a temporary spool of our own, removed when empty
+        self.spool_dir: Path | None = None
+        if inference_mode == "local":
+            self._start_local(spool_dir, upload_rows, upload_interval_s, seed)
+
+    # --- RLlib's verbs --------------------------------------------------------------------
+
+    def start_episode(
+        self,
+        episode_id: str | None = None,
+        training_enabled: bool = True,
+        seed: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Open an episode; ``seed`` and reset ``options`` are recorded so it can be replayed."""
+        episode_id = episode_id or self._new_episode_id()
+        if self._local is None:
+            body = {
+                "episode_id": episode_id,
+                "training_enabled": training_enabled,
+                "seed": seed,
+                "options": jsonable(options),
+                "client_id": self.client_id,
+            }
+            self._http.call("POST", "/v1/episodes", json=body)  # fmt: skip
+            self._remote[episode_id] = RemoteEpisode()
+            return episode_id
+        self._check_uploads()
+        self._local.start(episode_id, training_enabled, seed, options)
+        return episode_id
+
+    def get_action(self, episode_id: str, observation: Any) -> Any:
+        """The action for ``observation`` (a dict keyed by agent id for multi-agent envs)."""
+        if self._local is None:
+            answer = self._remote_step(episode_id, "actions", observation, {})
+            return self._decode(answer)
+        self._check_uploads()
+        return self._local.step(episode_id, observation, None, self._multiagent(observation))
+
+    def log_action(self, episode_id: str, observation: Any, action: Any) -> None:
+        """Record an action the simulator chose itself (off-policy data)."""
+        multi = self._multiagent(observation)
+        if self._local is None:
+            self._remote_step(episode_id, "logged-actions", observation,
+                              {"actions" if multi else "action": jsonable(action)})  # fmt: skip
+            return
+        self._check_uploads()
+        self._local.step(episode_id, observation, action, multi)
+
+    def log_returns(
+        self,
+        episode_id: str,
+        reward: float | Mapping[str, float],
+        info: Any = None,
+        multiagent_done_dict: Mapping[str, bool] | None = None,
+    ) -> None:
+        """Add rewards to the current step (they sum until the next action; none means 0.0)."""
+        if self._local is not None and info is None and multiagent_done_dict is None and (
+            type(reward) in _PLAIN_NUMBERS
+        ):  # fmt: skip
+            value = float(reward)  # type: ignore[arg-type]  # a number: checked just above
+            if not math.isfinite(value):
+                raise SchemaError.single("reward", "a finite number", repr(reward))
+            self._check_uploads()
+            self._local.add_reward(episode_id, value)
+            return
+        rewards = dict(reward) if isinstance(reward, Mapping) else {_AGENT: reward}
+        _check_rewards(rewards, info)
+        infos = dict(info) if isinstance(reward, Mapping) and isinstance(info, Mapping) else (
+            {} if info is None else {_AGENT: info})  # fmt: skip
+        dones = {k: bool(v) for k, v in (multiagent_done_dict or {}).items() if k != "__all__"}
+        if self._local is None:
+            self._remote_episode(episode_id).add(rewards, infos, dones)
+            return
+        self._check_uploads()
+        self._local.add_returns(episode_id, {k: float(v) for k, v in rewards.items()}, infos,
+                                dones)  # fmt: skip
+
+    def end_episode(self, episode_id: str, observation: Any, truncated: bool = False) -> None:
+        """End the episode at its last observation (``truncated=True`` for a time limit)."""
+        if self._local is None:
+            self._remote_step(episode_id, "end", observation, {"truncated": truncated})
+            del self._remote[episode_id]
+            return
+        self._check_uploads()
+        self._local.end(episode_id, observation, truncated, self._multiagent(observation))
+
+    # many episodes' steps in one request, for vectorized simulators; VectorEpisodes drives a
+    # gymnasium vector env with it
+    step_many = vector.step_many
+
+    def update_policy_weights(self) -> None:
+        """Pull the newest weights now (local mode); 304 when they have not changed."""
+        local = self._local
+        if local is None:
+            return
+        version = local.policy.version if local.policy is not None else None
+        params = {"version": version} if version is not None else {}
+        try:
+            response = self._http.call("GET", "/v1/weights", params=params)
+        except EpisodeError as error:  # 404: nothing published yet, keep acting at random
+            if error.status == 404:
+                return
+            raise
+        self._pulled = time.monotonic()
+        if response.status_code == 304:
+            return
+        new = int(response.headers["X-Rlpipe-Policy-Version"])
+        path = self._weights_dir / f"policy-{new:08d}.npz"
+        path.write_bytes(response.content)
+        try:
+            checkpoint = load_checkpoint(path)
+        finally:
+            path.unlink()
+        local.policy = policy_for(checkpoint, local.observation_space, local.action_space)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Deliver every buffered and spooled step now; True when the server has them all."""
+        self._check_uploads()
+        return self._uploader.flush(timeout_s) if self._uploader is not None else True
+
+    def close(self, timeout_s: float = 30.0) -> bool:
+        """Deliver what can be delivered, then stop; undelivered batches stay in the spool."""
+        if self._uploader is None:
+            self._http.close()
+            return True
+        delivered = self._uploader.close(timeout_s)
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+        self._http.close()
+        if self._own_spool is not None and delivered:
+            shutil.rmtree(self._own_spool, ignore_errors=True)
+        elif self._own_spool is not None:  # kept: it holds what the server does not have yet
+            _log.warning("undelivered steps are kept in %s: pass it as spool_dir to a new "
+                         "PolicyClient to deliver them", self._own_spool)  # fmt: skip
+        return delivered
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _new_episode_id(self) -> str:
+        """Named here, so a retry is idempotent; unique because the client's id is."""
+        return f"{self.client_id}{next(self._episode_numbers):08x}"
+
+    # --- remote inference ------------------------------------------------------------------
+
+    def _remote_episode(self, episode_id: str) -> RemoteEpisode:
+        try:
+            return self._remote[episode_id]
+        except KeyError:
+            raise EpisodeError(404, f"episode '{episode_id}' was not started by this client; "
+                                    "call start_episode() first") from None  # fmt: skip
+
+    def _remote_step(self, episode_id: str, verb: str, observation: Any,
+                     extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        state = self._remote_episode(episode_id)
+        body = {**state.body(self._multiagent(observation), jsonable(observation)), **extra}
+        # any id, as RLlib's: quoted whole, '/' too, and the server reads it back
+        path = f"/v1/episodes/{quote(episode_id, safe='')}/{verb}"
+        response = self._http.call("POST", path, json=body)
+        state.sent()
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    def _decode(self, answer: dict[str, Any]) -> Any:
+        if "actions" in answer:
+            return {k: self._decode_one(v) for k, v in answer["actions"].items()}
+        return self._decode_one(answer["action"])
+
+    def _decode_one(self, value: Any) -> Any:
+        if isinstance(value, list):
+            action_space = self._space()[1]
+            if isinstance(action_space, gym.spaces.Box):
+                return np.asarray(value, dtype=action_space.dtype)
+        return value
+
+    # --- local inference -------------------------------------------------------------------
+
+    def _start_local(self, spool_dir: str | Path | None, upload_rows: int,
+                     upload_interval_s: float, seed: int | None) -> None:  # fmt: skip
+        if spool_dir is None:
+            self._own_spool = spool_dir = Path(tempfile.mkdtemp(prefix="rlpipe-spool-"))
+        spool = Spool(spool_dir)
+        self.spool_dir = spool.directory
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="rlpipe-weights-"))
+        self._load_spaces(spool.directory / "spaces.json")
+        observation_space, action_space, env_id = self._space()
+        local = LocalInference(
+            observation_space, action_space, env_id, self.client_id,
+            np.random.default_rng(seed), self._add_rows, upload_rows, self._wake,
+        )  # fmt: skip
+        self._local = local
+        self._try_pull()
+        self._uploader = Uploader(self.client_id, local.build, self._send, spool, upload_rows,
+                                  upload_interval_s, self._tick, columns=local.steps)  # fmt: skip
+
+    def _add_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        if self._uploader is not None:
+            self._uploader.add(table, rows)
+
+    def _wake(self) -> None:
+        if self._uploader is not None:
+            self._uploader.wake()
+
+    def _send(self, client_id: str, seq: int, table: str, body: bytes) -> float | None:
+        headers = {"Content-Type": ARROW_TYPE, "X-Rlpipe-Client": client_id,
+                   "X-Rlpipe-Upload": str(seq), "X-Rlpipe-Table": table}  # fmt: skip
+        try:
+            self._http.call("POST", "/v1/uploads", patience_s=0, data=body, headers=headers)
+        except ServerUnavailable as error:
+            return error.retry_after
+        return None
+
+    def _tick(self) -> None:
+        if self.update_interval is None or time.monotonic() - self._pulled < self.update_interval:
+            return
+        try:
+            self.update_policy_weights()
+        except ServerUnavailable:
+            self._pulled = time.monotonic()  # try again an interval later
+
+    def _check_uploads(self) -> None:
+        if self._uploader is not None and self._uploader.failure is not None:
+            raise self._uploader.failure
+
+    # --- spaces ----------------------------------------------------------------------------
+
+    def _space(self) -> tuple[gym.Space[Any], gym.Space[Any], str | None]:
+        if self._spaces is None:
+            self._spaces = parse_spaces(self._http.call("GET", "/v1/spaces").json())
+        return self._spaces
+
+    def _load_spaces(self, cache: Path) -> None:
+        """Spaces from the server, else from the spool's copy (a client may start offline)."""
+        try:
+            doc = self._http.call("GET", "/v1/spaces").json()
+            cache.write_text(json.dumps(doc))
+        except ServerUnavailable:
+            if not cache.exists():
+                raise
+            doc = json.loads(cache.read_text())
+        self._spaces = parse_spaces(doc)
+
+    def _multiagent(self, observation: Any) -> bool:
+        """A dict is per-agent unless the observation space itself is a Dict with its keys."""
+        if type(observation) is np.ndarray or not isinstance(observation, Mapping):  # ABCs are slow
+            return False
+        space = self._space()[0]
+        return not (isinstance(space, gym.spaces.Dict) and set(observation) == set(space.keys()))
+
+    def _try_pull(self) -> None:
+        with contextlib.suppress(ServerUnavailable):
+            self.update_policy_weights()
+
+
+_AGENT = layout.DEFAULT_AGENT_ID
+# rewards log_returns takes on its short path (exact types, so bool, an int, is not among them)
+_PLAIN_NUMBERS = frozenset({float, int, np.float64, np.float32, np.int64, np.int32})
+
+
+def _check_rewards(rewards: Mapping[str, Any], info: Any) -> None:
+    """Refuse at the call what the server would refuse later, when the step is long gone."""
+    for agent_id, reward in rewards.items():
+        if isinstance(reward, bool) or not isinstance(reward, int | float | np.number) or (
+            not np.isfinite(reward)
+        ):  # fmt: skip
+            name = "reward" if agent_id == _AGENT else f"reward.{agent_id}"
+            raise SchemaError.single(name, "a finite number", repr(reward))
+    if info is None:
+        return
+    try:
+        json.dumps(jsonable(info), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise SchemaError.single("info", "JSON-serializable data", str(error)) from None

@@ -1,0 +1,357 @@
+"""The client's side of the wire: HTTP with timeouts and typed errors, and JSON-ready values.
+
+Kept apart from :mod:`pipeline.client` so the client module holds the verbs and little else.
+Importing this imports neither torch nor Flask.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json as _json
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import gymnasium as gym
+import numpy as np
+import requests
+from requests.structures import CaseInsensitiveDict
+
+from pipeline.errors import (
+    EpisodeError,
+    RequestRejected,
+    ServerError,
+    ServerUnavailable,
+    Unauthorized,
+)
+from pipeline.format import layout, spaces
+
+ARROW_TYPE = "application/vnd.apache.arrow.stream"
+
+
+_BY_STATUS: dict[int, type[ServerError]] = {
+    400: RequestRejected, 413: RequestRejected, 415: RequestRejected, 401: Unauthorized,
+    404: EpisodeError, 409: EpisodeError, 503: ServerUnavailable,
+}  # fmt: skip
+
+
+def base_url(address: str) -> str:
+    """``"localhost:9900"`` (RLlib's form) or a full URL, as the URL requests are built on."""
+    text = address.strip().rstrip("/")
+    return text if "://" in text else f"http://{text}"
+
+
+class Reply:
+    """An answer: the parts of ``requests.Response`` the client reads, whichever sent it."""
+
+    def __init__(self, status_code: int, headers: Any, content: bytes, reason: str) -> None:
+        self.status_code = status_code
+        self.headers = headers  # case-insensitive either way (HTTPMessage, CaseInsensitiveDict)
+        self.content = content
+        self.reason = reason
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return _json.loads(self.content)
+
+
+class _NoAnswer(Exception):
+    """The connection failed or timed out: the server may be down, so the call may retry."""
+
+
+class Http:
+    """Requests with a timeout each, 503 Retry-After honoured, and typed errors.
+
+    Without a ``session`` it keeps one keep-alive ``http.client`` connection per thread: a step
+    of remote inference is one small request, and ``requests`` spends 0.3-0.5 ms of CPU on
+    each (more than the server's work), on machines where the simulator shares the CPU.
+    With a ``session`` (proxies, certificates, adapters) every request goes through it.
+    """
+
+    def __init__(self, address: str, session: requests.Session | None, timeout: float,
+                 token: str | None) -> None:  # fmt: skip
+        self.url = base_url(address)
+        self.session = session
+        self.timeout = timeout
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        parts = urlsplit(self.url)
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname or "localhost", parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._netloc = parts.netloc.rpartition("@")[2]
+        self._local = threading.local()
+        self._open: set[http.client.HTTPConnection] = set()  # every thread's, to close them all
+        weakref.finalize(self, _close_all, self._open)
+
+    def close(self) -> None:
+        """Close the keep-alive connections of every thread (a later call opens new ones)."""
+        _close_all(self._open)
+
+    def call(self, method: str, path: str, patience_s: float | None = None, *,
+             json: Any = None, data: bytes | None = None, params: Mapping[str, Any] | None = None,
+             headers: Mapping[str, str] | None = None) -> Reply:  # fmt: skip
+        """One request, retried on no answer and on 503 until ``patience_s`` (default timeout)."""
+        deadline = time.monotonic() + (self.timeout if patience_s is None else patience_s)
+        sent = {**self.headers, **(headers or {})}
+        if json is not None:
+            data = _json.dumps(json, separators=(",", ":")).encode()  # NaN: the server says 400
+            sent["Content-Type"] = "application/json"
+        if params:
+            path += "?" + urlencode(params)
+        while True:
+            try:
+                response = self._send(method, path, data, sent)
+            except _NoAnswer as error:
+                if time.monotonic() + 0.1 >= deadline:
+                    raise ServerUnavailable(None, f"{self.url}: {error}") from None
+                time.sleep(0.1)
+                continue
+            if response.status_code == 503:
+                wait = _retry_after(response)
+                if time.monotonic() + wait < deadline:
+                    time.sleep(wait)
+                    continue
+            if response.status_code >= 400:
+                raise _error(response)
+            return response
+
+    def _send(self, method: str, path: str, body: bytes | None,
+              headers: dict[str, str]) -> Reply:  # fmt: skip
+        if self.session is not None:
+            try:
+                answer = self.session.request(method, self.url + path, data=body,
+                                              headers=headers, timeout=self.timeout)  # fmt: skip
+            except (requests.ConnectionError, requests.Timeout) as error:
+                raise _NoAnswer(str(error)) from None
+            return Reply(answer.status_code, answer.headers, answer.content, answer.reason)
+        reused = getattr(self._local, "connection", None) is not None
+        try:
+            return self._exchange(method, path, body, headers)
+        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+            if not reused:  # a fresh connection failed: the server is not there
+                raise _NoAnswer("connection refused or reset") from None
+        except (OSError, http.client.HTTPException) as error:
+            raise _NoAnswer(str(error) or type(error).__name__) from None
+        try:  # the server closed an idle keep-alive connection: once more on a new one
+            return self._exchange(method, path, body, headers)
+        except (OSError, http.client.HTTPException) as error:
+            raise _NoAnswer(str(error) or type(error).__name__) from None
+
+    def _exchange(self, method: str, path: str, body: bytes | None,
+                  headers: dict[str, str]) -> Reply:  # fmt: skip
+        connection = self._connection()
+        try:
+            # one send for the head and the body: two would cost the server a second wakeup
+            sock = connection.sock
+            if sock is None:
+                raise _NoAnswer("not connected")
+            sock.sendall(self._head(method, path, body, headers) + (body or b""))
+            reply, will_close = _read_reply(sock, method)
+        except BaseException:
+            self._drop()
+            raise
+        if will_close:
+            self._drop()
+        return reply
+
+    def _head(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> bytes:
+        lines = [f"{method} {self._prefix}{path} HTTP/1.1", f"Host: {self._netloc}"]
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        for name, value in headers.items():
+            if any(c in f"{name}{value}" for c in "\r\n\0"):
+                raise ValueError(f"header {name!r}: line breaks are not allowed in headers")
+            lines.append(f"{name}: {value}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def _connection(self) -> http.client.HTTPConnection:
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is None or connection.sock is None:  # none yet, or closed by close()
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            connection = kind(self._host, self._port, timeout=self.timeout)
+            connection.connect()
+            if connection.sock is not None:  # small requests must not wait for Nagle
+                connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._local.connection = connection
+            self._open.add(connection)
+        return connection
+
+    def _drop(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        self._local.connection = None
+        if connection is not None:
+            self._open.discard(connection)
+            connection.close()
+
+
+_MAX_HEAD = 2**16
+
+
+def _read_reply(sock: socket.socket, method: str) -> tuple[Reply, bool]:
+    """One HTTP/1.1 response off a keep-alive socket: (reply, whether the server closes).
+
+    ``http.client`` parses headers with the ``email`` package, a noticeable share of a remote
+    step's CPU on the simulator's side; a response head is a few short lines, read here by hand.
+    """
+    buffer = bytearray()
+    while (end := buffer.find(b"\r\n\r\n")) < 0:
+        chunk = sock.recv(65536)
+        if not chunk:
+            if not buffer:
+                raise http.client.RemoteDisconnected("the server closed the connection")
+            raise http.client.IncompleteRead(bytes(buffer))
+        buffer += chunk
+        if len(buffer) > _MAX_HEAD:
+            raise http.client.LineTooLong("response head")
+    lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not version.startswith("HTTP/") or not code.isdigit():
+        raise http.client.BadStatusLine(lines[0])
+    status = int(code)
+    headers = CaseInsensitiveDict(
+        (name.strip(), value.strip())
+        for name, _, value in (line.partition(":") for line in lines[1:])
+    )
+    rest_bytes = bytes(buffer[end + 4 :])
+    connection = headers.get("Connection", "").lower()
+    will_close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
+    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        content = b""
+    elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+        content = _read_chunked(sock, rest_bytes)
+    elif "Content-Length" in headers:
+        content = _read_exactly(sock, rest_bytes, int(headers["Content-Length"]))
+    else:
+        content, will_close = _read_to_end(sock, rest_bytes), True
+    return Reply(status, headers, content, reason), will_close
+
+
+def _read_exactly(sock: socket.socket, have: bytes, length: int) -> bytes:
+    parts, size = [have], len(have)
+    while size < length:
+        chunk = sock.recv(max(65536, length - size))
+        if not chunk:
+            raise http.client.IncompleteRead(b"".join(parts), length - size)
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)[:length]
+
+
+def _read_to_end(sock: socket.socket, have: bytes) -> bytes:
+    parts = [have]
+    while chunk := sock.recv(65536):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _read_chunked(sock: socket.socket, have: bytes) -> bytes:
+    buffer, out = bytearray(have), bytearray()
+    while True:
+        while (eol := buffer.find(b"\r\n")) < 0:
+            buffer += _recv_some(sock)
+        size = int(bytes(buffer[:eol]).split(b";")[0], 16)
+        del buffer[: eol + 2]
+        if size == 0:  # the last chunk; skip trailers up to the blank line
+            while buffer.find(b"\r\n") != 0 and buffer.find(b"\r\n\r\n") < 0:
+                buffer += _recv_some(sock)
+            return bytes(out)
+        while len(buffer) < size + 2:
+            buffer += _recv_some(sock)
+        out += buffer[:size]
+        del buffer[: size + 2]
+
+
+def _recv_some(sock: socket.socket) -> bytes:
+    chunk = sock.recv(65536)
+    if not chunk:
+        raise http.client.IncompleteRead(b"")
+    return chunk
+
+
+def _close_all(connections: set[http.client.HTTPConnection]) -> None:
+    for connection in list(connections):
+        connections.discard(connection)
+        connection.close()
+
+
+def _retry_after(response: Reply) -> float:
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "1")))
+    except ValueError:
+        return 1.0
+
+
+def _error(response: Reply) -> ServerError:
+    try:
+        message = str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:200] or response.reason
+    if response.status_code == 503:
+        return ServerUnavailable(503, message, _retry_after(response))
+    return _BY_STATUS.get(response.status_code, ServerError)(response.status_code, message)
+
+
+def parse_spaces(doc: dict[str, Any]) -> tuple[gym.Space[Any], gym.Space[Any], str | None]:
+    return (spaces.space_from_json(doc["observation_space"]),
+            spaces.space_from_json(doc["action_space"]), doc.get("env_id"))  # fmt: skip
+
+
+def row_of(batch: Any, i: int) -> Any:
+    """Row ``i`` of a batch in :mod:`pipeline.format.spaces` layout, as the env would take it."""
+    if isinstance(batch, dict):
+        return {k: row_of(v, i) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(row_of(v, i) for v in batch)
+    value = np.asarray(batch)[i]
+    return value.item() if value.ndim == 0 else value
+
+
+def jsonable(value: Any) -> Any:
+    """numpy arrays and scalars as JSON values (envs hand out numpy; JSON wants lists)."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+class RemoteEpisode:
+    """What rides on the next request: rewards, infos and done flags logged since the last."""
+
+    def __init__(self) -> None:
+        self.rewards: dict[str, float] = {}
+        self.infos: dict[str, Any] = {}
+        self.dones: dict[str, bool] = {}
+        self.request = 0
+
+    def add(self, rewards: dict[str, Any], infos: dict[str, Any], dones: dict[str, bool]) -> None:
+        for agent_id, reward in rewards.items():
+            self.rewards[agent_id] = self.rewards.get(agent_id, 0.0) + float(reward)
+        self.infos.update(infos)
+        self.dones.update(dones)
+
+    def body(self, multiagent: bool, observation: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"request": self.request + 1}
+        if multiagent:
+            body.update(observations=observation, rewards=self.rewards,
+                        infos=jsonable(self.infos), dones=self.dones)  # fmt: skip
+        else:
+            agent = layout.DEFAULT_AGENT_ID
+            body.update(observation=observation, reward=self.rewards.get(agent, 0.0),
+                        info=jsonable(self.infos.get(agent)))  # fmt: skip
+        return body
+
+    def sent(self) -> None:
+        self.request += 1
+        if self.rewards or self.infos or self.dones:
+            self.rewards, self.infos, self.dones = {}, {}, {}

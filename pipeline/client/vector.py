@@ -1,0 +1,344 @@
+"""Vectorized simulators: many episodes' steps in one call, and a gymnasium vector env's sub-envs
+as episodes.
+
+A simulator that steps N envs at once would pay N round trips through the one-episode verbs.
+:func:`step_many` sends the N steps in the server's columnar batch form (``docs/protocol.md``,
+"Vectorized simulators") as one request: one forward pass and one durable write on the server.
+Its rows carry each episode's request number, as the one-episode verbs' requests do, so a batch
+the transport sends again after its answer was lost gets its first answer again and is stored
+once (:mod:`server.replays`).
+
+:class:`VectorEpisodes` keeps the bookkeeping a gymnasium vector env needs on top: which episode
+each sub-env is in, a new one whenever a sub-env resets itself, and an action for a sub-env whose
+episode has just ended.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import orjson
+from gymnasium.vector import AutoresetMode
+
+from pipeline.client.transport import RemoteEpisode, jsonable, row_of
+from pipeline.errors import ConfigError, SchemaError
+from pipeline.format import layout
+
+if TYPE_CHECKING:
+    from pipeline.client import PolicyClient
+
+_AGENT = layout.DEFAULT_AGENT_ID
+_JSON = {"Content-Type": "application/json"}
+
+
+def step_many(
+    client: PolicyClient,
+    episode_ids: Sequence[str],
+    observations: Any,
+    rewards: Any = None,
+    terminated: Any = None,
+    truncated: Any = None,
+    starts: Sequence[Mapping[str, Any] | None] | None = None,
+    infos: Sequence[Any] | None = None,
+) -> list[Any]:
+    """Step many episodes at once; the action for each (None where the row ended its episode).
+
+    Row ``i`` is episode ``episode_ids[i]`` observing ``observations[i]`` (a batch: an array of
+    ``(n, *shape)``, or a sequence of single observations) after earning ``rewards[i]`` for its
+    previous action. ``terminated[i]`` or ``truncated[i]`` ends the episode at that observation.
+    ``starts[i]`` (``{}``, or with ``seed``, ``options``, ``training_enabled``) opens the episode
+    first; None continues one opened before.
+    """
+    ids = list(episode_ids)
+    n = len(ids)
+    for name, column in (("starts", starts), ("infos", infos)):
+        if column is not None and len(column) != n:
+            raise SchemaError.single(name, f"{n} entries (one per episode id)",
+                                     f"{len(column)}")  # fmt: skip
+    rows = _Rows(ids, _observation_rows(observations, n), _rewards(rewards, n),
+                 _flags(terminated, n, "terminated"), _flags(truncated, n, "truncated"),
+                 None if starts is None else list(starts), infos)  # fmt: skip
+    actions = _send(client, rows)
+    return [None if action is None else client._decode_one(action) for action in actions]
+
+
+@dataclass
+class _Rows:
+    """Checked rows of one call: what :func:`_send` takes."""
+
+    ids: list[str]
+    observations: Any  # an array of n rows, or a list of n single observations
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    starts: list[Any] | None = None  # None: no row starts an episode
+    infos: Sequence[Any] | None = None
+
+
+def _send(client: PolicyClient, rows: _Rows) -> list[Any]:
+    """The rows as one request (remote), or through the one-episode verbs (local); the actions
+    as JSON values (remote) or as the verbs return them (local)."""
+    if client._local is not None:
+        return _local(client, rows)
+    registry = client._remote
+    for episode_id, start in zip(rows.ids, rows.starts or (), strict=False):
+        if start is not None and episode_id not in registry:
+            registry[episode_id] = RemoteEpisode()
+    states = [registry.get(i) or client._remote_episode(i) for i in rows.ids]
+    logged = [state.rewards.get(_AGENT, 0.0) if state.rewards else 0.0 for state in states]
+    body: dict[str, Any] = {
+        "episode_ids": rows.ids, "observations": rows.observations,
+        "rewards": rows.rewards + logged, "terminated": rows.terminated,
+        "truncated": rows.truncated, "requests": [state.request + 1 for state in states],
+    }  # fmt: skip
+    if rows.starts is not None:
+        mine = {"client_id": client.client_id}
+        body["starts"] = [None if start is None else {**mine, **start} for start in rows.starts]
+    if rows.infos is not None:
+        body["infos"] = [jsonable(info) for info in rows.infos]
+    response = client._http.call("POST", "/v1/actions", data=_encode(body), headers=_JSON)
+    actions: list[Any] = orjson.loads(response.content)["actions"]
+    for state in states:
+        state.sent()
+    for i in np.flatnonzero(rows.terminated | rows.truncated).tolist():
+        del registry[rows.ids[i]]
+    return actions
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    """The body as JSON: by orjson straight from numpy when every number is finite, else by
+    ``json`` from lists (orjson would write NaN as null; the server must see, and name, NaN)."""
+    observations = body["observations"]
+    numeric = isinstance(observations, np.ndarray) and observations.dtype.kind in "fiub"
+    # a sum each: NaN or inf anywhere makes it non-finite (an overflow only costs speed)
+    if numeric and math.isfinite(float(observations.sum()) + float(body["rewards"].sum())):
+        try:
+            fast = {**body, "observations": np.ascontiguousarray(observations)}
+            return orjson.dumps(fast, option=orjson.OPT_SERIALIZE_NUMPY)
+        except orjson.JSONEncodeError:  # a dtype orjson does not write (float16)
+            pass
+    return json.dumps(jsonable(body), separators=(",", ":")).encode()
+
+
+def _local(client: PolicyClient, rows: _Rows) -> list[Any]:
+    """Local inference: the one-episode verbs, row by row (no round trips to save)."""
+    actions: list[Any] = []
+    for i, episode_id in enumerate(rows.ids):
+        start = None if rows.starts is None else rows.starts[i]
+        observation, info = row_of(rows.observations, i), rows.infos and rows.infos[i]
+        if start is not None:
+            client.start_episode(episode_id, bool(start.get("training_enabled", True)),
+                                 start.get("seed"), start.get("options"))  # fmt: skip
+        if rows.rewards[i] != 0.0 or info is not None:
+            client.log_returns(episode_id, float(rows.rewards[i]), info)
+        if rows.terminated[i] or rows.truncated[i]:
+            client.end_episode(episode_id, observation, truncated=not rows.terminated[i])
+            actions.append(None)
+        else:
+            actions.append(client.get_action(episode_id, observation))
+    return actions
+
+
+def _observation_rows(observations: Any, n: int) -> Any:
+    """An array of ``n`` rows as it is (the cheap body), anything else as ``n`` single ones."""
+    if isinstance(observations, np.ndarray):
+        if (len(observations) if observations.ndim else 0) != n:
+            raise SchemaError.single("observations", f"{n} rows (one per episode id)",
+                                     f"shape {observations.shape}")  # fmt: skip
+        return observations
+    if isinstance(observations, Mapping | tuple):  # a batch of a Dict or Tuple space
+        return [row_of(observations, i) for i in range(n)]
+    rows = list(observations)
+    if len(rows) != n:
+        raise SchemaError.single("observations", f"{n} rows (one per episode id)",
+                                 f"{len(rows)}")  # fmt: skip
+    return rows
+
+
+def _rewards(values: Any, n: int) -> np.ndarray:
+    if values is None:
+        return np.zeros(n)
+    try:
+        rewards = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise SchemaError.single("rewards", f"{n} numbers", repr(values)[:80]) from None
+    if rewards.shape != (n,):
+        raise SchemaError.single("rewards", f"{n} numbers", f"shape {rewards.shape}")
+    return rewards
+
+
+def _flags(values: Any, n: int, name: str) -> np.ndarray:
+    if values is None:
+        return np.zeros(n, bool)
+    flags = np.asarray(values)
+    if flags.shape != (n,) or flags.dtype != np.bool_:
+        raise SchemaError.single(name, f"{n} booleans", f"{flags.dtype} of shape {flags.shape}")
+    return flags
+
+
+class VectorEpisodes:
+    """The sub-envs of a gymnasium vector env as episodes of one client: each vector step is one
+    call of :func:`step_many` (one request in remote mode).
+
+    Each sub-env is in one episode at a time; when it resets itself (``autoreset_mode``, the
+    vector env's ``metadata["autoreset_mode"]``), its next observation opens a new episode. A
+    sub-env whose episode ended still needs an action for the vector env's next step (which the
+    env ignores under next-step autoreset): it gets its previous one.
+
+    Args:
+        client: the client the episodes belong to (remote or local inference).
+        num_envs: the vector env's ``num_envs``.
+        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (gymnasium's default) or ``SAME_STEP``
+            (the final observations ride in ``infos["final_obs"]``).
+        training_enabled: recorded with every episode.
+    """
+
+    def __init__(self, client: PolicyClient, num_envs: int,
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+                 training_enabled: bool = True) -> None:  # fmt: skip
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ConfigError("VectorEpisodes", "num_envs", "an integer >= 1", num_envs)
+        modes = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
+        mode = next((m for m in modes if autoreset_mode in (m, m.value)), None)
+        if mode is None:
+            raise ConfigError("VectorEpisodes", "autoreset_mode",
+                              "AutoresetMode.NEXT_STEP or SAME_STEP", autoreset_mode)  # fmt: skip
+        self.client = client
+        self.num_envs = num_envs
+        self.autoreset_mode = mode
+        self.training_enabled = training_enabled
+        self.episode_ids: list[str | None] = [None] * num_envs  # None: its episode ended
+        self._actions: list[Any] = [None] * num_envs
+
+    def reset(self, observations: Any, seeds: Sequence[int | None] | None = None,
+              options: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
+        """Open an episode per sub-env at the observations ``reset`` returned; their actions.
+
+        Record the seed each sub-env was reset with (``SyncVectorEnv.reset(seed=s)`` seeds
+        sub-env ``i`` with ``s + i``), and the episodes can be replayed one by one.
+        """
+        n = self.num_envs
+        seeds = [None] * n if seeds is None else list(seeds)
+        if len(seeds) != n:
+            raise SchemaError.single("seeds", f"{n} seeds", f"{len(seeds)}")
+        ids = [self.client._new_episode_id() for _ in range(n)]
+        no = np.zeros(n, bool)
+        rows = _Rows(ids, _observation_rows(observations, n), np.zeros(n), no, no,
+                     [self._start(seed, options) for seed in seeds])  # fmt: skip
+        actions = _send(self.client, rows)
+        self.episode_ids = list(ids)
+        return self._batch(actions)
+
+    def step(self, observations: Any, rewards: Any, terminated: Any, truncated: Any,
+             infos: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
+        """Log what the vector env's ``step`` returned; the actions for its next step."""
+        n = self.num_envs
+        rows = _Rows([], observations, _rewards(rewards, n), _flags(terminated, n, "terminated"),
+                     _flags(truncated, n, "truncated"))  # fmt: skip
+        if self.autoreset_mode is AutoresetMode.SAME_STEP:
+            return self._same_step(rows, infos or {})
+        fresh = [i for i, episode_id in enumerate(self.episode_ids) if episode_id is None]
+        if fresh:  # they ended last step: these observations start their next episodes
+            rows.starts = [None] * n
+            for i in fresh:
+                self.episode_ids[i] = self.client._new_episode_id()
+                rows.starts[i] = self._start(None, None)
+            rows.rewards = rows.rewards.copy()
+            rows.rewards[fresh] = 0.0
+            rows.terminated, rows.truncated = rows.terminated.copy(), rows.truncated.copy()
+            rows.terminated[fresh] = rows.truncated[fresh] = False
+        rows.ids = list(self.episode_ids)  # type: ignore[arg-type]  # every sub-env has one now
+        rows.observations = _observation_rows(observations, n)
+        actions = _send(self.client, rows)
+        for i in np.flatnonzero(rows.terminated | rows.truncated).tolist():
+            self.episode_ids[i] = None
+        return self._batch(actions)
+
+    def close(self, observations: Any, rewards: Any, terminated: Any, truncated: Any,
+              infos: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        """Log the vector env's last step and end every episode there: those the envs ended as
+        they say, the others as truncated (the simulator stopped, not the env)."""
+        n = self.num_envs
+        terminated = _flags(terminated, n, "terminated")
+        done = terminated | _flags(truncated, n, "truncated")
+        if self.autoreset_mode is AutoresetMode.SAME_STEP:
+            finals = _final_observations(observations, done, infos or {})
+            open_rows = list(range(n))
+        else:
+            open_rows = [i for i, episode_id in enumerate(self.episode_ids) if episode_id]
+            finals = [row_of(observations, i) for i in open_rows]
+        if open_rows:
+            ids = [episode_id for episode_id in self.episode_ids if episode_id is not None]
+            _send(self.client, _Rows(ids, _stacked(finals), _rewards(rewards, n)[open_rows],
+                                     terminated[open_rows], ~terminated[open_rows]))  # fmt: skip
+        self.episode_ids = [None] * n
+
+    def _same_step(self, rows: _Rows, infos: Mapping[str, Any]) -> Any:
+        """Each ended sub-env sends two rows: its final observation (``infos["final_obs"]``)
+        ending the old episode, and the reset observation opening the new one."""
+        n, observations = self.num_envs, rows.observations
+        done = rows.terminated | rows.truncated
+        ended = np.flatnonzero(done).tolist()
+        batch = _final_observations(observations, done, infos)
+        fresh = [self.client._new_episode_id() for _ in ended]
+        extra = np.zeros(len(ended), bool)
+        rows = _Rows(
+            [i for i in self.episode_ids if i is not None] + fresh,
+            _stacked(batch + [row_of(observations, i) for i in ended]),
+            np.concatenate([rows.rewards, np.zeros(len(ended))]),
+            np.concatenate([rows.terminated, extra]), np.concatenate([rows.truncated, extra]),
+            [None] * n + [self._start(None, None) for _ in ended],
+        )  # fmt: skip
+        actions = _send(self.client, rows)
+        for k, i in enumerate(ended):
+            self.episode_ids[i] = fresh[k]
+            actions[i] = actions[n + k]
+        return self._batch(actions[:n])
+
+    def _start(self, seed: int | None, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        start: dict[str, Any] = {"training_enabled": self.training_enabled}
+        if seed is not None:
+            start["seed"] = int(seed)
+        if options is not None:
+            start["options"] = jsonable(options)
+        return start
+
+    def _batch(self, actions: list[Any]) -> Any:
+        """The actions as the vector env takes them; an ended sub-env repeats its last one."""
+        if None in actions:
+            actions = [self._actions[i] if a is None else a for i, a in enumerate(actions)]
+        self._actions = actions
+        space = self.client._space()[1]
+        if isinstance(space, gym.spaces.Discrete | gym.spaces.Box | gym.spaces.MultiDiscrete
+                      | gym.spaces.MultiBinary):  # fmt: skip
+            return np.asarray(actions, dtype=space.dtype)
+        values = [self.client._decode_one(action) for action in actions]
+        out: Any = gym.vector.utils.create_empty_array(space, self.num_envs)
+        return gym.vector.utils.concatenate(space, values, out)
+
+
+def _final_observations(observations: Any, done: np.ndarray,
+                        infos: Mapping[str, Any]) -> list[Any]:  # fmt: skip
+    """Per sub-env, the observation its episode is at: the final one (``infos["final_obs"]``)
+    where it ended this step under same-step autoreset, else the one ``step`` returned."""
+    final: Any = infos.get("final_obs")
+    if done.any() and final is None:
+        raise SchemaError.single("infos", "a 'final_obs' entry for the sub-envs that ended "
+                                 "(same-step autoreset)", f"keys {sorted(infos)}")  # fmt: skip
+    return [final[i] if done[i] else row_of(observations, i) for i in range(len(done))]
+
+
+def _stacked(rows: list[Any]) -> Any:
+    """Single observations as one array when they are arrays of one shape (the cheap body)."""
+    if rows and all(isinstance(row, np.ndarray) for row in rows):
+        try:
+            return np.stack(rows)
+        except ValueError:
+            pass
+    return rows

@@ -1,0 +1,55 @@
+"""The ``rlpipe`` command: one subcommand per module, each importing its heavy parts only when run.
+
+A command module exposes ``register(subparsers)`` (which sets ``command_module``) and
+``run(args) -> int``, so ``rlpipe inspect`` starts without importing torch or Flask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from pipeline.errors import RlpipeError
+
+COMMAND_MODULES = (
+    "server.command",
+    "pipeline.trainers.command",
+    "pipeline.importers.command",
+    "pipeline.commands.inspection",
+    "pipeline.commands.replay",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlpipe",
+        description="Experience from simulators into reinforcement-learning training, via Parquet.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and name.startswith(error.name):
+                continue  # that command is not part of this build
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; user errors print one line to stderr and exit 2, never a traceback."""
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(args.command_module)
+    try:
+        code: int = module.run(args)
+    except RlpipeError as error:
+        print(f"rlpipe {args.command}: {error}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

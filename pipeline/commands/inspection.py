@@ -1,0 +1,338 @@
+"""``rlpipe inspect DIR [--json] [--plot FILE.png]``: what a dataset holds, and what is wrong.
+
+The report is built from the files alone (shard footers for counts, a few narrow columns for the
+rest), so it works on a dataset that is being written, on one whose writer died, and on one copied
+from elsewhere. "Unhealthy" means something a reader would not see or would trip over: files still
+under a dot-name (a writer is mid-commit, or died there), shards whose footer cannot be read, and
+write-ahead-log segments not yet committed (acknowledged rows that only a live writer or the next
+one's recovery turns into shards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import RlpipeError
+
+_STEP_COLUMNS = [
+    "episode_id", "agent_id", "client_id", "policy_version", "logged_at", "reward", "terminated",
+    "truncated",
+]  # fmt: skip
+_LIST_LIMIT = 20
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="summarize a dataset and report anything unhealthy",
+        description="Shards, rows, episodes, clients, agents, policy versions, dates, returns, "
+        "schema and spaces of a dataset, and any uncommitted, unreadable or pending files.",
+    )
+    parser.add_argument("dir", metavar="DIR", help="the dataset directory (or URI)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="write return over time and episode lengths to a PNG"
+    )
+    parser.set_defaults(command_module=__name__)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = inspect_dataset(args.dir)
+    if args.plot:
+        plot_episodes(args.dir, args.plot)
+        report["plot"] = str(Path(args.plot).resolve())
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def inspect_dataset(path: str | Path) -> dict[str, Any]:
+    """The whole report as plain JSON-ready data."""
+    from pipeline.format import layout
+    from pipeline.format.manifest import read_manifest
+
+    manifest = read_manifest(path)
+    filesystem, root = layout.resolve(path)
+    health = _health(filesystem, root)
+    bad = set(health["unreadable"])
+    steps = _table_files(filesystem, root, layout.STEPS, bad)
+    episodes = _table_files(filesystem, root, layout.EPISODES, bad)
+    step_rows = _read(filesystem, root, steps, layout.STEPS, _STEP_COLUMNS, manifest)
+    episode_rows = _episode_rows(filesystem, root, episodes, manifest)
+    returns, lengths, source = _curve(step_rows, episode_rows)
+    return {
+        "path": root,
+        "format_version": manifest.format_version,
+        "created_at": manifest.created_at,
+        "env_id": manifest.env_id,
+        "spaces": {
+            "observation": str(manifest.observation_space),
+            "action": str(manifest.action_space),
+        },
+        "schema": _schema(manifest),
+        "shards": {"steps": len(steps), "episodes": len(episodes)},
+        "bytes": sum(_size(filesystem, p) for p in steps + episodes),
+        **_step_stats(step_rows),
+        "episodes_table": _episode_summary(episode_rows),
+        "returns": {"source": source, **_describe(returns)},
+        "lengths": {"source": source, **_describe(lengths)},
+        "health": health,
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a screenful of text."""
+    table, health = report["episodes_table"], report["health"]
+    lines = [
+        f"dataset        {report['path']}  (format {report['format_version']}, created "
+        f"{report['created_at']})",
+        f"env            {report['env_id'] or '(external simulator)'}",
+        f"observation    {report['spaces']['observation']}",
+        f"action         {report['spaces']['action']}",
+        f"shards         {report['shards']['steps']} step, {report['shards']['episodes']} episode "
+        f"({report['bytes']:,} bytes)",
+        f"rows           {report['rows']:,}",
+        f"episodes       {report['episodes']['complete']:,} complete, "
+        f"{report['episodes']['incomplete']:,} incomplete in steps; {table['rows']:,} in the "
+        f"episodes table {_counts(table['end_reasons'])}",
+        f"clients        {_names(report['clients'])}",
+        f"agents         {_names(report['agents'])}",
+        f"policy         {_versions(report['policy_versions'])}",
+        f"dates          {report['date_range']['first']} .. {report['date_range']['last']}",
+        f"returns        {_stats(report['returns'])}",
+        f"lengths        {_stats(report['lengths'])}",
+        "schema         " + ", ".join(report["schema"]),
+    ]
+    problems = (
+        [f"uncommitted file {name}" for name in health["uncommitted"]]
+        + [f"unreadable file {name}" for name in health["unreadable"]]
+        + [f"pending log segment {name}" for name in health["pending_log"]]
+    )
+    lines.append("health         " + ("ok" if not problems else f"{len(problems)} problems"))
+    lines += [f"  - {problem}" for problem in problems]
+    if "plot" in report:
+        lines.append(f"plot           {report['plot']}")
+    return "\n".join(lines)
+
+
+def plot_episodes(path: str | Path, out: str | Path) -> Path:
+    """A PNG of episode return in the order episodes ended, and a histogram of their lengths.
+
+    Raises:
+        RlpipeError: when matplotlib is not installed (it is an optional extra).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ModuleNotFoundError:
+        raise RlpipeError("--plot needs matplotlib: pip install matplotlib") from None
+    returns, lengths = episode_curve(path)
+    figure = Figure(figsize=(10, 4), dpi=100)
+    left, right = figure.subplots(1, 2)
+    left.plot(range(1, len(returns) + 1), returns, ".", alpha=0.4, label="episode")
+    window = max(1, len(returns) // 20)
+    smooth = [sum(returns[max(0, i - window + 1) : i + 1]) / min(window, i + 1)
+              for i in range(len(returns))]  # fmt: skip
+    left.plot(range(1, len(returns) + 1), smooth, "-", label=f"mean of {window}")
+    left.set(xlabel="episode (in order of ending)", ylabel="return", title="Return over time")
+    left.legend(loc="best")
+    right.hist(lengths, bins=min(30, max(1, len(set(lengths)))))
+    right.set(xlabel="episode length (steps)", ylabel="episodes", title="Episode lengths")
+    figure.tight_layout()
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, format="png")
+    return target
+
+
+def episode_curve(path: str | Path) -> tuple[list[float], list[int]]:
+    """Returns and lengths of ended episodes, in the order they ended."""
+    from pipeline.format import layout
+    from pipeline.format.manifest import read_manifest
+
+    manifest = read_manifest(path)
+    filesystem, root = layout.resolve(path)
+    episode_paths = _table_files(filesystem, root, layout.EPISODES, set())
+    rows = _episode_rows(filesystem, root, episode_paths, manifest)
+    step_paths = _table_files(filesystem, root, layout.STEPS, set())
+    steps = None
+    if rows is None or not rows.num_rows:
+        steps = _read(filesystem, root, step_paths, layout.STEPS, _STEP_COLUMNS, manifest)
+    returns, lengths, _ = _curve(steps, rows)
+    return returns, lengths
+
+
+def _curve(steps: Any, rows: Any) -> tuple[list[float], list[int], str]:
+    """From the episodes table when it has rows; otherwise (datasets written without one) summed
+    from the step table's complete episodes."""
+    if rows is not None and rows.num_rows:
+        rows = rows.sort_by([("ended_at", "ascending")])
+        return rows.column("return").to_pylist(), rows.column("length").to_pylist(), "episodes"
+    if steps is None:
+        return [], [], "steps"
+    grouped = _complete_episodes(steps).sort_by([("logged_at_max", "ascending")])
+    return (
+        grouped.column("reward_sum").to_pylist(),
+        grouped.column("reward_count").to_pylist(),
+        ("steps"),
+    )
+
+
+def _health(filesystem: Any, root: str) -> dict[str, list[str]]:
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from pipeline.dataset.recovery import pending_segments
+    from pipeline.format import layout
+
+    uncommitted, unreadable = [], []
+    for table in layout.TABLES:
+        selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
+        for info in filesystem.get_file_info(selector):
+            if info.type != pafs.FileType.File:
+                continue
+            relative = info.path[len(root) + 1 :]
+            if info.base_name.startswith((".", "_")):
+                uncommitted.append(relative)
+            elif info.base_name.endswith(".parquet"):
+                try:
+                    with filesystem.open_input_file(info.path) as handle:
+                        pq.read_metadata(handle)
+                except (OSError, ValueError):
+                    unreadable.append(relative)
+    top = filesystem.get_file_info(pafs.FileSelector(root))
+    uncommitted += [i.base_name for i in top if i.base_name.startswith(".")]
+    local = isinstance(filesystem, pafs.LocalFileSystem)
+    pending = [str(p.relative_to(root)) for p in pending_segments(root)] if local else []
+    return {"uncommitted": sorted(uncommitted), "unreadable": sorted(unreadable),
+            "pending_log": pending}  # fmt: skip
+
+
+def _table_files(filesystem: Any, root: str, table: str, bad: set[str]) -> list[str]:
+    from pipeline.dataset import discovery
+
+    paths = discovery.list_shards(filesystem, root, table)
+    return [p for p in paths if p[len(root) + 1 :] not in bad]
+
+
+def _read(
+    filesystem: Any, root: str, paths: list[str], table: str, columns: list[str], manifest: Any
+) -> Any:
+    """The columns of a table's shards, ids decoded from dictionaries to plain strings."""
+    if not paths:
+        return None
+    import pyarrow as pa
+
+    from pipeline.dataset import discovery
+    from pipeline.format import layout, schema
+
+    if table == layout.STEPS:
+        table_schema = schema.step_schema(manifest.observation_space, manifest.action_space)
+    else:
+        table_schema = schema.EPISODE_SCHEMA
+    dataset = discovery.open_dataset(filesystem, root, paths, table_schema, table)
+    data = dataset.to_table(columns=columns)
+    for index, field in enumerate(data.schema):
+        if pa.types.is_dictionary(field.type):
+            data = data.set_column(index, field.name, data.column(index).cast(pa.string()))
+    return data
+
+
+def _step_stats(steps: Any) -> dict[str, Any]:
+    import pyarrow.compute as pc
+
+    if steps is None:
+        return {"rows": 0, "episodes": {"complete": 0, "incomplete": 0}, "clients": [],
+                "agents": [], "policy_versions": [],
+                "date_range": {"first": None, "last": None}}  # fmt: skip
+    complete = _complete_episodes(steps).num_rows
+    everything = steps.group_by(["episode_id", "agent_id"]).aggregate([]).num_rows
+    versions = pc.unique(steps.column("policy_version").drop_null()).to_pylist()
+    first, last = pc.min_max(steps.column("logged_at")).values()
+    return {
+        "rows": steps.num_rows,
+        "episodes": {"complete": complete, "incomplete": everything - complete},
+        "clients": sorted(pc.unique(steps.column("client_id")).to_pylist()),
+        "agents": sorted(pc.unique(steps.column("agent_id")).to_pylist()),
+        "policy_versions": sorted(versions),
+        "date_range": {"first": _iso(first.as_py()), "last": _iso(last.as_py())},
+    }
+
+
+def _complete_episodes(steps: Any) -> Any:
+    """One row per (episode, agent) that has its ending row: reward sum and count, last time."""
+    import pyarrow.compute as pc
+
+    ended = pc.or_(steps.column("terminated"), steps.column("truncated"))
+    grouped = steps.append_column("ended", ended).group_by(["episode_id", "agent_id"])
+    totals = grouped.aggregate(
+        [("reward", "sum"), ("reward", "count"), ("logged_at", "max"), ("ended", "any")]
+    )
+    return totals.filter(totals.column("ended_any"))
+
+
+def _episode_rows(filesystem: Any, root: str, paths: list[str], manifest: Any) -> Any:
+    columns = ["episode_id", "ended_at", "length", "return", "end_reason"]
+    return _read(filesystem, root, paths, "episodes", columns, manifest)
+
+
+def _episode_summary(rows: Any) -> dict[str, Any]:
+    if rows is None:
+        return {"rows": 0, "end_reasons": {}}
+    reasons = rows.column("end_reason").value_counts().to_pylist()
+    return {
+        "rows": rows.num_rows,
+        "end_reasons": {item["values"]: item["counts"] for item in reasons},
+    }
+
+
+def _describe(values: Sequence[float]) -> dict[str, Any]:
+    if not values:
+        return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+    mean = math.fsum(values) / len(values)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+    return {"count": len(values), "mean": mean, "std": std, "min": min(values), "max": max(values)}
+
+
+def _schema(manifest: Any) -> list[str]:
+    from pipeline.format import schema
+
+    step = schema.step_schema(manifest.observation_space, manifest.action_space)
+    return [f"{field.name}: {field.type}" for field in step]
+
+
+def _size(filesystem: Any, path: str) -> int:
+    return int(filesystem.get_file_info(path).size or 0)
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _stats(stats: dict[str, Any]) -> str:
+    if not stats["count"]:
+        return "(no ended episodes)"
+    return (
+        f"mean {stats['mean']:.4g}, std {stats['std']:.4g}, min {stats['min']:.4g}, "
+        f"max {stats['max']:.4g} over {stats['count']} episodes (from the {stats['source']} "
+        "table)"
+    )
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(repr(name) for name in names[:_LIST_LIMIT])
+    more = f", ... ({len(names)} in all)" if len(names) > _LIST_LIMIT else ""
+    return f"{len(names)}: {shown}{more}" if names else "0"
+
+
+def _versions(versions: list[int]) -> str:
+    if not versions:
+        return "no policy versions recorded"
+    return f"{len(versions)} versions, {versions[0]} .. {versions[-1]}"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return "(" + ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items())) + ")"

@@ -1,0 +1,413 @@
+"""The InputReader: one reader for live and historic step tables.
+
+It streams committed shards through ``pyarrow.dataset`` (projection and filters pushed down to the
+files), and yields :class:`~pipeline.dataset.batch.Batch` objects in one of three shapes: sequential
+transitions, seeded shuffled transitions, or whole episodes. With ``follow=True`` it keeps
+listing the dataset and reads each newly committed shard once, which is exactly-once delivery
+because shards are immutable and appear atomically. It splits work across DataLoader workers and
+distributed ranks by hashing row-group names, so no two readers read the same row.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from pipeline.dataset import decoding, discovery
+from pipeline.dataset.assembly import EpisodeAssembler
+from pipeline.dataset.batch import COLUMN_OF_FIELD, Batch
+from pipeline.errors import ConfigError, DatasetError
+from pipeline.format import layout, schema
+from pipeline.format.manifest import read_manifest
+
+DEFAULT_COLUMNS = (
+    "episode_id", "agent_id", "t", "observation", "action", "reward", "next_observation",
+    "terminated", "truncated", "action_logp", "policy_version",
+)  # fmt: skip
+EPISODE_KEYS = ("episode_id", "agent_id", "t", "terminated", "truncated")
+_CAUGHT_UP = None  # marker in the chunk stream: a follow poll found nothing new
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """What to read and how to batch it.
+
+    Attributes:
+        batch_size: transitions per batch (ignored for episodes: one episode per batch).
+        columns: step-table columns (or Batch field names) to read; None reads DEFAULT_COLUMNS.
+        shuffle: shuffled transitions from a buffer of ``shuffle_buffer`` rows, seeded by ``seed``.
+        episodes: yield whole episodes, ordered by ``t``.
+        follow: keep reading shards as they are committed, until ``timeout_s`` passes with none
+            (None: forever).
+        min_policy_version, max_policy_version, since, until, training_enabled, client_ids,
+            agent_ids: filters, pushed down to the files.
+        rank, world_size: this process's share in distributed training.
+        device: yield torch batches on this device (``"cpu"``, ``"cuda:0"``), converted once per
+            scanned chunk or shuffle buffer and sliced per batch: several times cheaper than
+            calling ``Batch.to_torch`` on every batch. None yields numpy batches.
+    """
+
+    batch_size: int = 1024
+    columns: tuple[str, ...] | None = None
+    shuffle: bool = False
+    seed: int = 0
+    shuffle_buffer: int = 262_144
+    episodes: bool = False
+    follow: bool = False
+    timeout_s: float | None = 30.0
+    poll_interval_s: float = 0.2
+    drop_last: bool = False
+    min_policy_version: int | None = None
+    max_policy_version: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    training_enabled: bool | None = None
+    client_ids: tuple[str, ...] | None = None
+    agent_ids: tuple[str, ...] | None = None
+    rank: int = 0
+    world_size: int = 1
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "shuffle_buffer", "world_size"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("rank", self.rank, 0)
+        if self.device is not None and not isinstance(self.device, str):
+            raise ConfigError("ReaderConfig", "device", "a torch device name or None", self.device)
+        if self.rank >= self.world_size:
+            raise ConfigError(
+                "ReaderConfig", "rank", f"an integer < world_size={self.world_size}", self.rank
+            )
+        for name in ("columns", "client_ids", "agent_ids"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ConfigError("ReaderConfig", name, "a sequence of strings", value)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+        for name in ("since", "until"):
+            object.__setattr__(self, name, _as_datetime(name, getattr(self, name)))
+        if self.timeout_s is not None and not self.timeout_s >= 0:
+            raise ConfigError("ReaderConfig", "timeout_s", "seconds >= 0 or None", self.timeout_s)
+
+
+class InputReader:
+    """Streams a dataset's step table as batches: ``InputReader(path, batch_size=256)``.
+
+    Args:
+        path: dataset directory or URI (``s3://...`` works for reading).
+        config: a ReaderConfig; or give its fields as keyword arguments instead.
+        filter: an extra ``pyarrow.dataset`` expression, ANDed with the config's filters.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        config: ReaderConfig | None = None,
+        *,
+        filter: ds.Expression | None = None,
+        **options: Any,
+    ) -> None:
+        if config is not None and options:
+            raise ConfigError(
+                "InputReader", "options", "a config or keyword options, not both", options
+            )
+        self.config = config or ReaderConfig(**options)
+        self.filesystem, self.root = layout.resolve(path)
+        self.manifest = read_manifest(path)
+        self.observation_space = self.manifest.observation_space
+        self.action_space = self.manifest.action_space
+        self.schema = schema.step_schema(self.observation_space, self.action_space)
+        self.columns = self._resolve_columns()
+        self.filter = _combine(build_filter(self.config), filter)
+        self._epoch = 0
+        self._stream: Iterator[Batch] | None = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        """One pass (an epoch); a new ``iter`` starts the next epoch with a fresh shuffle."""
+        rng = np.random.default_rng([self.config.seed, self._epoch])
+        self._epoch += 1
+        part = self._part()
+        if self.config.episodes:
+            # an episode's rows may sit in any row group, so readers split by episode id instead
+            return self._episodes(self._chunks(discovery.Part(), rng), part)
+        chunks = self._chunks(part, rng)
+        if self.config.shuffle:
+            return self._shuffled(chunks, rng)
+        return self._sequential(chunks)
+
+    def next(self) -> Batch:
+        """RLlib's ``InputReader.next()``: the next batch, starting a new epoch at the end of one.
+
+        Raises:
+            StopIteration: when following and ``timeout_s`` passed with no new data.
+        """
+        for _ in range(2):
+            if self._stream is None:
+                self._stream = iter(self)
+            batch = next(self._stream, None)
+            if batch is not None:
+                return batch
+            self._stream = None
+            if self.config.follow:
+                raise StopIteration
+        raise DatasetError(f"{self.root}: no rows match this reader's filters")
+
+    def as_torch_dataset(self) -> Any:
+        """This reader as a ``torch.utils.data.IterableDataset`` (use ``batch_size=None`` in the
+        DataLoader); each worker reads its own share of the row groups."""
+        import torch.utils.data
+
+        reader = self
+
+        class _Dataset(torch.utils.data.IterableDataset):
+            def __iter__(self) -> Iterator[Batch]:
+                return iter(reader)
+
+        return _Dataset()
+
+    def to_batch(self, data: pa.RecordBatch | pa.Table) -> Batch:
+        """Arrow rows of this dataset's step table as a Batch (see ``decoding.to_batch``)."""
+        return decoding.to_batch(data, self.observation_space, self.action_space)
+
+    def _convert(self, data: pa.RecordBatch | pa.Table, owned: bool = True) -> Batch:
+        """``to_batch`` of a chunk this reader decoded, so it may share the chunk's memory.
+
+        The reader converts once per scanned chunk and slices batches out of the result, so the
+        per-column cost is paid per ~100k rows, not per training batch.
+        """
+        return decoding.to_batch(data, self.observation_space, self.action_space, owned=owned)
+
+    def _resolve_columns(self) -> list[str]:
+        wanted = self.config.columns or DEFAULT_COLUMNS
+        columns = [COLUMN_OF_FIELD.get(name, name) for name in wanted]
+        unknown = [name for name in columns if name not in self.schema.names]
+        if unknown:
+            raise ConfigError("ReaderConfig", "columns", f"names from {self.schema.names}", unknown)
+        if self.config.episodes:
+            columns += [key for key in EPISODE_KEYS if key not in columns]
+        return columns
+
+    def _part(self) -> discovery.Part:
+        workers, worker = 1, 0
+        if "torch" in sys.modules:  # inside a DataLoader worker, take that worker's share
+            info = sys.modules["torch"].utils.data.get_worker_info()
+            if info is not None:
+                workers, worker = info.num_workers, info.id
+        config = self.config
+        return discovery.Part(config.rank * workers + worker, config.world_size * workers)
+
+    def _chunks(
+        self, part: discovery.Part, rng: np.random.Generator
+    ) -> Iterator[pa.RecordBatch | None]:
+        """Record batches of newly committed shards; in follow mode, a None when caught up."""
+        seen: set[str] = set()
+        idle_since = time.monotonic()
+        while True:
+            paths = [
+                path
+                for path in discovery.list_shards(self.filesystem, self.root)
+                if path not in seen
+            ]
+            if paths:
+                seen.update(paths)
+                idle_since = time.monotonic()
+                yield from self._scan(paths, part, rng)
+            if not self.config.follow:
+                return
+            yield _CAUGHT_UP
+            if paths:  # shards came in while the consumer used these: look again at once
+                continue
+            timeout = self.config.timeout_s
+            if timeout is not None and time.monotonic() - idle_since > timeout:
+                return
+            time.sleep(self.config.poll_interval_s)
+
+    def _scan(
+        self, paths: list[str], part: discovery.Part, rng: np.random.Generator
+    ) -> Iterator[pa.RecordBatch]:
+        if self.config.shuffle:
+            paths = [paths[i] for i in rng.permutation(len(paths))]
+        dataset = discovery.open_dataset(
+            self.filesystem, self.root, paths, self.schema, layout.STEPS
+        )
+        if part.count > 1:
+            fragments = discovery.owned_fragments(dataset, part, self.filter)
+            dataset = ds.FileSystemDataset(
+                fragments, dataset.schema, dataset.format, self.filesystem
+            )
+        yield from dataset.to_batches(columns=self.columns, filter=self.filter)
+
+    def _blocks(
+        self, chunks: Iterator[pa.RecordBatch | None], tensors: bool
+    ) -> Iterator[Batch | None]:
+        """Scanned chunks as Batches, converted once each; None still marks caught-up."""
+        for chunk in chunks:
+            if chunk is None:
+                yield None
+            elif chunk.num_rows:
+                yield self._device(self._convert(chunk)) if tensors else self._convert(chunk)
+
+    def _device(self, batch: Batch) -> Batch:
+        return batch.to_torch(self.config.device) if self.config.device is not None else batch
+
+    def _sequential(self, chunks: Iterator[pa.RecordBatch | None]) -> Iterator[Batch]:
+        """Batches in shard order (each writer's as it opened them); a short batch only at the end,
+        or when a follow catches up.
+
+        Batches are views into each converted chunk; only a batch that straddles two chunks is
+        copied together.
+        """
+        size, drop_last = self.config.batch_size, self.config.drop_last
+        pending: list[Batch] = []
+        rows = 0
+        for block in self._blocks(chunks, tensors=True):
+            if block is None:
+                if rows and not drop_last:
+                    yield Batch.concat(pending)
+                pending, rows = ([], 0) if not drop_last else (pending, rows)
+                continue
+            start = 0
+            if rows:
+                start = min(size - rows, len(block))
+                pending.append(block[:start])
+                rows += start
+                if rows < size:
+                    continue
+                yield Batch.concat(pending)
+                pending, rows = [], 0
+            whole = start + (len(block) - start) // size * size
+            if whole > start:
+                yield from block[start:whole].split(size)
+            if whole < len(block):
+                pending, rows = [block[whole:]], len(block) - whole
+        if rows and not drop_last:
+            yield Batch.concat(pending)
+
+    def _shuffled(
+        self, chunks: Iterator[pa.RecordBatch | None], rng: np.random.Generator
+    ) -> Iterator[Batch]:
+        for block in self._shuffled_blocks(chunks, rng):
+            yield from self._emit(block)
+
+    def _shuffled_blocks(
+        self, chunks: Iterator[pa.RecordBatch | None], rng: np.random.Generator
+    ) -> Iterator[Batch]:
+        """Shuffle within a buffer of rows; rows short of a whole batch wait for the next buffer.
+
+        The buffer is permuted by one Arrow ``take`` over its chunks (measured: ~40% faster than
+        converting, concatenating and gathering in numpy), converted once, and sliced into
+        batches by the consumer.
+        """
+        size, capacity = self.config.batch_size, self.config.shuffle_buffer
+        pending: list[pa.RecordBatch] = []
+        rows = 0
+        for chunk in chunks:
+            if chunk is not None and chunk.num_rows:
+                pending.append(chunk)
+                rows += chunk.num_rows
+            if rows < capacity and (chunk is not None or not rows):
+                continue
+            permuted = _permute(pending, rng)
+            keep = 0 if chunk is None else rows % size
+            yield self._device(self._convert(permuted.slice(0, rows - keep)))
+            pending, rows = (permuted.slice(rows - keep).to_batches(), keep)
+        if rows:
+            yield self._device(self._convert(_permute(pending, rng)))
+
+    def _emit(self, block: Batch) -> Iterator[Batch]:
+        size = self.config.batch_size
+        for part in block.split(size):
+            if len(part) < size and self.config.drop_last:
+                return
+            yield part
+
+    def _episodes(
+        self, chunks: Iterator[pa.RecordBatch | None], part: discovery.Part
+    ) -> Iterator[Batch]:
+        assembler = EpisodeAssembler()
+        for chunk in chunks:
+            if chunk is not None and part.count > 1:
+                chunk = chunk.filter(discovery.owned_rows(chunk.column("episode_id"), part))
+            if chunk is not None and chunk.num_rows:
+                for episode in assembler.add(self._convert(chunk)):
+                    yield self._device(episode)
+        for episode in assembler.remaining():
+            yield self._device(episode)
+
+
+def _permute(chunks: list[pa.RecordBatch], rng: np.random.Generator) -> pa.Table:
+    """The chunks' rows in a random order, by one Arrow ``take``; a column null in every row
+    (``action_logp`` of rows logged without a policy, say) is rebuilt rather than gathered."""
+    table = pa.Table.from_batches(chunks)
+    rows = table.num_rows
+    empty = [i for i, column in enumerate(table.columns) if column.null_count == rows]
+    order = rng.permutation(rows)
+    permuted = table.drop_columns([table.column_names[i] for i in empty]).take(order)
+    for i in empty:  # ascending, so each lands at its own index
+        field = table.schema.field(i)
+        permuted = permuted.add_column(i, field, pa.nulls(rows, field.type))
+    return permuted
+
+
+def build_filter(config: ReaderConfig) -> ds.Expression | None:
+    """The config's filters as one expression; partition pruning rides on the ``date`` key."""
+    terms: list[ds.Expression] = []
+    if config.min_policy_version is not None:
+        terms.append(ds.field("policy_version") >= config.min_policy_version)
+    if config.max_policy_version is not None:
+        terms.append(ds.field("policy_version") <= config.max_policy_version)
+    if config.training_enabled is not None:
+        terms.append(ds.field("training_enabled") == config.training_enabled)
+    if config.client_ids is not None:
+        terms.append(ds.field("client_id").isin(list(config.client_ids)))
+    if config.agent_ids is not None:
+        terms.append(ds.field("agent_id").isin(list(config.agent_ids)))
+    if config.since is not None:
+        terms.append(ds.field("logged_at") >= pa.scalar(config.since, schema.TIMESTAMP))
+        # a shard's partition is its first row's date, so later rows may sit one day earlier
+        terms.append(ds.field(layout.PARTITION_KEY) >= _day(config.since - timedelta(days=1)))
+    if config.until is not None:
+        terms.append(ds.field("logged_at") < pa.scalar(config.until, schema.TIMESTAMP))
+        terms.append(ds.field(layout.PARTITION_KEY) <= _day(config.until))
+    combined: ds.Expression | None = None
+    for term in terms:
+        combined = _combine(combined, term)
+    return combined
+
+
+def _combine(left: ds.Expression | None, right: ds.Expression | None) -> ds.Expression | None:
+    if left is None or right is None:
+        return left if right is None else right
+    return left & right
+
+
+def _day(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def _as_datetime(name: str, value: object) -> datetime | None:
+    """Accept datetimes and ISO strings; naive times are taken as UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ConfigError("ReaderConfig", name, "an ISO 8601 date or datetime", value) from None
+    if not isinstance(value, datetime):
+        raise ConfigError("ReaderConfig", name, "a datetime or ISO 8601 string", value)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError("ReaderConfig", name, f"an integer >= {minimum}", value)

@@ -1,0 +1,137 @@
+"""Recovery: turning the logs of writers that died into shards.
+
+A writer holds an exclusive ``flock`` on ``_wal/<writer>/LOCK`` for as long as it lives; the kernel
+drops it when the process dies, however it dies. So a log directory whose lock can be taken belongs
+to a dead writer, and its segments hold acknowledged rows that never became shards. Each segment is
+committed under the dead writer's own id and sequence number, which makes recovery idempotent: a
+segment whose shard already exists (the writer died between rename and delete) is just deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.dataset import rowlog
+from pipeline.dataset.shard import find_shard, first_date, write_shard
+from pipeline.dataset.wal import read_segment
+from pipeline.format import layout
+
+_RECOVERY_ROW_GROUP = 131_072
+_STAGING_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """One segment brought back: which writer and table, and how many rows it held."""
+
+    writer_id: str
+    table: str
+    seq: int
+    rows: int
+
+
+def recover(path: str | Path) -> list[Recovered]:
+    """Commit the logs of every dead writer of a dataset; live writers' logs are left alone."""
+    root = str(Path(path).resolve())
+    base = layout.wal_root(root)
+    if not base.is_dir():
+        return []
+    recovered: list[Recovered] = []
+    for directory in sorted(base.iterdir()):
+        if directory.name.startswith(".") and _is_abandoned(directory):
+            _remove_dir(directory)  # a writer that died before it finished claiming its log
+        elif directory.is_dir() and not directory.name.startswith("."):
+            recovered += _recover_dir(root, directory)
+    return recovered
+
+
+def pending_segments(path: str | Path) -> list[Path]:
+    """Log segments not yet committed (of live or dead writers); ``rlpipe inspect`` reports them."""
+    base = layout.wal_root(str(path))
+    if not base.is_dir():
+        return []
+    return [segment for directory in sorted(base.iterdir()) if directory.is_dir()
+            for segment in layout.segments(directory)]  # fmt: skip
+
+
+def _recover_dir(root: str, directory: Path) -> list[Recovered]:
+    lock = directory / layout.WAL_LOCK
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return []  # another process finished recovering it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return []  # its writer is alive
+    try:
+        writer_id = directory.name
+        recovered = [_recover_segment(root, writer_id, segment)
+                     for segment in layout.segments(directory)]  # fmt: skip
+        _remove_stale_tmp(root, writer_id)
+        _remove_dir(directory)
+        return [item for item in recovered if item is not None]
+    finally:
+        os.close(fd)
+
+
+def _recover_segment(root: str, writer_id: str, segment: Path) -> Recovered | None:
+    parsed = layout.parse_segment_name(segment.name)
+    if parsed is None:
+        return None
+    table, seq = parsed
+    if find_shard(root, table, writer_id, seq) is not None:
+        segment.unlink()
+        return None
+    _, batches = rowlog.read_rows(segment) if segment.suffix == ".rows" else read_segment(segment)
+    batches = [batch for batch in batches if batch.num_rows]
+    rows = sum(batch.num_rows for batch in batches)
+    if rows:
+        write_shard(
+            root, table, writer_id, seq, first_date(batches[0]), batches, _RECOVERY_ROW_GROUP
+        )
+    segment.unlink()
+    return Recovered(writer_id, table, seq, rows) if rows else None
+
+
+def _remove_stale_tmp(root: str, writer_id: str) -> None:
+    for table in layout.TABLES:
+        for tmp in Path(root, table).glob(f"{layout.PARTITION_KEY}=*/.part-{writer_id}-*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+def _is_abandoned(directory: Path) -> bool:
+    """A staging directory is abandoned when old and unlocked; a young one may be mid-claim."""
+    try:
+        if time.time() - directory.stat().st_mtime < _STAGING_GRACE_S:
+            return False
+    except FileNotFoundError:
+        return False  # its writer just renamed it into place: it is alive
+    try:
+        fd = os.open(directory / layout.WAL_LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove_dir(directory: Path) -> None:
+    try:
+        children = list(directory.iterdir())
+    except FileNotFoundError:
+        return  # another recovering process removed it first
+    for child in children:
+        child.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another recovering process got there first
+        directory.rmdir()

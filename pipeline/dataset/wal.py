@@ -1,0 +1,160 @@
+"""The write-ahead log: how an append becomes durable before its shard exists.
+
+A segment is an Arrow IPC stream file (schema message, then one record-batch message per append),
+written with one ``write`` per append and made durable with ``fsync``. Appends from many threads
+share fsyncs (group commit): a thread whose bytes were covered by another thread's fsync returns
+without its own. After a crash, a segment is read back up to its last complete message; a torn tail
+is what an unacknowledged append left behind, and is dropped. The server's small validated appends
+go to segments of JSON row lines instead (:mod:`pipeline.dataset.rowlog`), which share this class's
+writing and syncing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+
+from pipeline.format import layout
+
+
+class Segment:
+    """One open log segment: the rows of one future shard, in memory and durable on disk.
+
+    ``write`` then ``sync`` is an acknowledged append. They are split so that the caller can
+    release its own lock between them, which is what lets concurrent appends share one fsync.
+    """
+
+    def __init__(
+        self, path: Path, schema: pa.Schema, seq: int, header: bytes | None = None
+    ) -> None:
+        self.path = path
+        self.schema = schema
+        self.seq = seq
+        self.rows = 0
+        self.bytes = 0
+        self._batches: list[pa.RecordBatch] = []
+        self._write_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._written = 0  # messages written
+        self.broken = False  # a write failed part way: this file takes no more messages
+        self._synced = 0  # messages known durable
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self.write_message(schema.serialize() if header is None else header)
+        fsync_path(path.parent)  # the segment's directory entry must be durable before any ack
+
+    def write(self, batch: pa.RecordBatch) -> int:
+        """Write one batch as one message (it survives whole or not at all); returns its number."""
+        message = batch.serialize()
+        with self._write_lock:
+            number = self.write_message(message)
+            self._batches.append(batch)
+            self.rows += batch.num_rows
+            self.bytes += message.size
+        return number
+
+    @property
+    def batches(self) -> list[pa.RecordBatch]:
+        """Everything written, for the shard: kept in memory, so a commit reads no log."""
+        return self._batches
+
+    def sync(self, upto: int) -> None:
+        """Return once message ``upto`` is durable, sharing an fsync with other threads."""
+        with self._sync_lock:
+            if self._synced >= upto:
+                return  # another thread's fsync covered these bytes
+            with self._write_lock:
+                target = self._written
+                if self._fd < 0:
+                    return  # closed, and close() synced everything
+            os.fsync(self._fd)
+            self._synced = target
+
+    @property
+    def written(self) -> int:
+        """Messages written so far; ``sync(segment.written)`` makes all of them durable."""
+        return self._written
+
+    def close(self) -> None:
+        """Make everything written durable and close; later ``sync`` calls return at once."""
+        with self._write_lock:
+            last = self._written
+        self.sync(last)
+        with self._sync_lock, self._write_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def write_message(self, buffer: pa.Buffer | bytes) -> int:
+        """Append one message. After a failed write (a full disk) the file ends in part of a
+        message, a torn tail that only an end of file may hold: no more go after it."""
+        if self.broken:
+            raise OSError(f"{self.path}: an earlier write failed part way; roll the segment")
+        view = memoryview(buffer)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except BaseException:
+            self.broken = True
+            raise
+        self._written += 1
+        return self._written
+
+
+def claim_log_dir(base: Path, writer_id: str) -> tuple[int, Path]:
+    """Lock a fresh log directory for a writer: (the lock's descriptor, the directory). A
+    recovering writer tells a live writer's log by its lock (docs/format.md section 8)."""
+    base.mkdir(parents=True, exist_ok=True)
+    staging = base / f".new-{writer_id}"
+    staging.mkdir()
+    fd = os.open(staging / layout.WAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    final = base / writer_id
+    staging.rename(final)
+    fsync_path(base)  # the rename must survive a power cut, not just a kill
+    return fd, final
+
+
+def release_log_dir(fd: int, directory: Path, keep: bool) -> None:
+    """Remove a log after a clean flush; after a failed commit (``keep``), leave it for recovery.
+
+    Closing the lock's descriptor drops the ``flock`` either way, which is what tells the next
+    writer (or ``recover``) that these segments belong to nobody and must be committed.
+    """
+    if not keep:
+        for leftover in layout.segments(directory):
+            leftover.unlink()  # only empty segments remain after a clean flush
+        (directory / layout.WAL_LOCK).unlink(missing_ok=True)
+        directory.rmdir()
+    os.close(fd)
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a directory by path; a directory's fsync makes a rename in it durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_segment(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
+    """Every complete batch of a segment, dropping a torn tail; (None, []) if the schema is torn."""
+    data = path.read_bytes()
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+    except (pa.ArrowInvalid, OSError):
+        return None, []
+    batches: list[pa.RecordBatch] = []
+    while True:
+        try:
+            batches.append(reader.read_next_batch())
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, OSError):
+            break  # a torn tail: an append that was never acknowledged
+    return reader.schema, batches

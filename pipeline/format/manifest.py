@@ -1,0 +1,155 @@
+"""The manifest: the one small JSON file that says what a dataset holds.
+
+It is written once, when the first writer opens the directory, and never changed afterwards, so
+several writer processes can race to create it: the loser reads the winner's and checks that it
+describes the same spaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pyarrow.fs as pafs
+
+from pipeline.dataset.wal import fsync_path
+from pipeline.errors import DatasetError, FormatVersionError
+from pipeline.format import layout, spaces
+from pipeline.format.schema import step_schema
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a dataset holds. ``env_id`` is None for external simulators gymnasium cannot build."""
+
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
+    env_id: str | None = None
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    format_version: int = layout.FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": layout.FORMAT_NAME,
+            "format_version": self.format_version,
+            "created_at": self.created_at,
+            "env_id": self.env_id,
+            "observation_space": spaces.space_to_json(self.observation_space),
+            "action_space": spaces.space_to_json(self.action_space),
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], where: str = "manifest") -> Manifest:
+        if not isinstance(doc, dict) or doc.get("format") != layout.FORMAT_NAME:
+            raise DatasetError(f'{where}: not an rlpipe manifest (no "format": "rlpipe")')
+        check_format_version(doc.get("format_version"), where)
+        try:
+            return cls(
+                observation_space=spaces.space_from_json(doc["observation_space"]),
+                action_space=spaces.space_from_json(doc["action_space"]),
+                env_id=doc.get("env_id"),
+                created_at=str(doc["created_at"]),
+                format_version=int(doc["format_version"]),
+            )
+        except KeyError as missing:
+            raise DatasetError(f"{where}: missing key {missing}") from None
+
+    def same_data(self, other: Manifest) -> bool:
+        """Two writers agree when spaces and env match; creation times naturally differ."""
+        return (
+            self.observation_space == other.observation_space
+            and self.action_space == other.action_space
+            and self.env_id == other.env_id
+        )
+
+
+def check_format_version(version: object, where: str) -> None:
+    if type(version) is int and version == layout.FORMAT_VERSION:  # not True, not 1.0
+        return
+    if isinstance(version, int) and version > layout.FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{where}: format version {version} is newer than the {layout.FORMAT_VERSION} this "
+            "rlpipe reads; upgrade rlpipe (pip install -U rlpipe)"
+        )
+    raise FormatVersionError(
+        f"{where}: format version {version!r} is not one this rlpipe reads (it reads "
+        f"{layout.FORMAT_VERSION}); rewrite the dataset with the rlpipe release that made it, "
+        "or re-import it with `rlpipe import table`"
+    )
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Read the manifest of a dataset at a local path or URI."""
+    filesystem, root = layout.resolve(path)
+    where = f"{root}/{layout.MANIFEST}"
+    info = filesystem.get_file_info(where)
+    if info.type != pafs.FileType.File:
+        raise DatasetError(
+            f"{path}: no {layout.MANIFEST}; this is not an rlpipe dataset (create one with "
+            "DatasetWriter or `rlpipe import`)"
+        )
+    with filesystem.open_input_stream(where) as stream:
+        try:
+            doc = json.loads(stream.read().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise DatasetError(f"{where}: unreadable manifest ({error})") from None
+    return Manifest.from_json(doc, where)
+
+
+def create_or_check(root: str, manifest: Manifest) -> Manifest:
+    """Create the manifest atomically if absent; otherwise return the existing one if it agrees.
+
+    ``os.link`` fails when the target exists, which makes creation race-free between processes.
+    """
+    target = Path(root) / layout.MANIFEST
+    Path(root).mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=root)
+        try:
+            os.fchmod(fd, 0o644)  # mkstemp makes 0600; a shared dataset is read by others
+            with os.fdopen(fd, "w") as handle:
+                json.dump(manifest.to_json(), handle, indent=2)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.link(tmp, target)
+            fsync_path(root)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    existing = read_manifest(root)
+    if not existing.same_data(manifest):
+        raise DatasetError(
+            f"{root}: the dataset holds observation space {existing.observation_space}, action "
+            f"space {existing.action_space}, env {existing.env_id!r}; this writer has "
+            f"{manifest.observation_space}, {manifest.action_space}, env {manifest.env_id!r}. "
+            "Write to a new directory."
+        )
+    return existing
+
+
+def open_manifest(
+    root: str,
+    observation_space: gym.Space[Any] | None,
+    action_space: gym.Space[Any] | None,
+    env_id: str | None,
+) -> Manifest:
+    """The manifest a writer with these spaces may write under: the dataset's own when no spaces
+    are given, else a new one, or the existing one if it agrees.
+
+    Raises:
+        SpaceError: a space the format cannot store (refused before any file is made).
+        DatasetError: no manifest and no spaces, only one space, or spaces the dataset differs from.
+    """
+    if observation_space is None or action_space is None:
+        if observation_space is not None or action_space is not None:
+            raise DatasetError("give both observation_space and action_space, or neither")
+        return read_manifest(root)
+    step_schema(observation_space, action_space)  # refuse bad spaces before any file
+    return create_or_check(root, Manifest(observation_space, action_space, env_id))

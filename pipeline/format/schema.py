@@ -1,0 +1,341 @@
+"""The step table and the episodes table: columns, types, and turning user data into rows.
+
+One row of the step table is one agent's transition. ``observation`` and ``action`` take the Arrow
+types of the dataset's spaces (see :mod:`pipeline.format.spaces`); everything else is fixed here.
+Validation is columnar and reports every problem of a call at once, so one bad row cannot hide
+another.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import Problem, SchemaError
+from pipeline.format import codec, layout, spaces
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+END_REASONS = ("terminated", "truncated", "closed")
+
+# Columns the caller may leave out, and what they become.
+STEP_DEFAULTS: dict[str, Any] = {
+    "agent_id": layout.DEFAULT_AGENT_ID,
+    "action_logp": None,
+    "policy_version": None,
+    "training_enabled": True,
+    "info": None,
+    "client_id": "",
+    "logged_at": None,  # the writer stamps the time of the append
+}
+
+EPISODE_SCHEMA = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("agent_id", pa.string(), nullable=False),
+        pa.field("client_id", pa.string(), nullable=False),
+        pa.field("started_at", TIMESTAMP, nullable=False),
+        pa.field("ended_at", TIMESTAMP, nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("return", pa.float64(), nullable=False),
+        pa.field("env_id", pa.string()),
+        pa.field("seed", pa.int64()),
+        pa.field("reset_options", pa.string()),  # JSON text
+        pa.field("end_reason", pa.string(), nullable=False),  # one of END_REASONS
+        pa.field("training_enabled", pa.bool_(), nullable=False),
+        pa.field("logged_at", TIMESTAMP, nullable=False),
+    ],
+    metadata={
+        layout.META_TABLE: layout.EPISODES.encode(),
+        layout.META_FORMAT_VERSION: str(layout.FORMAT_VERSION).encode(),
+    },
+)
+EPISODE_DEFAULTS: dict[str, Any] = {
+    "agent_id": layout.DEFAULT_AGENT_ID,
+    "client_id": "",
+    "env_id": None,
+    "seed": None,
+    "reset_options": None,
+    "training_enabled": True,
+    "logged_at": None,
+}
+
+
+def step_schema(observation_space: gym.Space[Any], action_space: gym.Space[Any]) -> pa.Schema:
+    """The step table's schema; the spaces ride in its metadata so each shard describes itself."""
+    observation = spaces.space_field("observation", observation_space)
+    return pa.schema(
+        [
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("agent_id", pa.string(), nullable=False),
+            pa.field("t", pa.int64(), nullable=False),
+            observation,
+            spaces.space_field("action", action_space),
+            pa.field("reward", pa.float64(), nullable=False),
+            observation.with_name("next_observation"),
+            pa.field("terminated", pa.bool_(), nullable=False),
+            pa.field("truncated", pa.bool_(), nullable=False),
+            pa.field("action_logp", pa.float64()),
+            pa.field("policy_version", pa.int64()),
+            pa.field("training_enabled", pa.bool_(), nullable=False),
+            pa.field("info", pa.string()),  # JSON text
+            pa.field("client_id", pa.string(), nullable=False),
+            pa.field("logged_at", TIMESTAMP, nullable=False),
+        ],
+        metadata={
+            layout.META_TABLE: layout.STEPS.encode(),
+            layout.META_FORMAT_VERSION: str(layout.FORMAT_VERSION).encode(),
+            layout.META_OBSERVATION_SPACE: json.dumps(
+                spaces.space_to_json(observation_space)
+            ).encode(),
+            layout.META_ACTION_SPACE: json.dumps(spaces.space_to_json(action_space)).encode(),
+        },
+    )
+
+
+def steps_from_columns(
+    schema: pa.Schema,
+    columns: Mapping[str, Any],
+    observation_space: gym.Space[Any],
+    action_space: gym.Space[Any],
+) -> pa.RecordBatch:
+    """Validate a mapping of column name to per-row values and build a step batch.
+
+    Raises:
+        SchemaError: listing every unknown, missing or ill-fitting column at once.
+    """
+    value_spaces = {
+        "observation": observation_space,
+        "next_observation": observation_space,
+        "action": action_space,
+    }
+    return _build(schema, columns, STEP_DEFAULTS, value_spaces)
+
+
+def episodes_from_columns(columns: Mapping[str, Any]) -> pa.RecordBatch:
+    """Validate and build an episodes batch (one row per ended episode)."""
+    batch = _build(EPISODE_SCHEMA, columns, EPISODE_DEFAULTS, {})
+    bad = pc.invert(pc.is_in(batch.column("end_reason"), value_set=pa.array(END_REASONS)))
+    if pc.any(bad).as_py():
+        row = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
+        got = batch.column("end_reason")[row].as_py()
+        raise SchemaError.single("end_reason", f"one of {list(END_REASONS)}", repr(got), row)
+    return batch
+
+
+def rows_to_columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Turn per-row mappings into columns; a key absent from some rows is left to the defaults."""
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row))
+    return {key: [row.get(key, _ABSENT) for row in rows] for key in keys}
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_ABSENT = _Absent()
+
+
+def _build(
+    schema: pa.Schema,
+    columns: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    value_spaces: Mapping[str, gym.Space[Any]],
+) -> pa.RecordBatch:
+    problems: list[Problem] = []
+    unknown = sorted(set(columns) - set(schema.names))
+    problems += [
+        Problem(name, f"one of the columns {schema.names}", "an unknown column") for name in unknown
+    ]
+    lengths = {name: _length(values) for name, values in columns.items() if name in schema.names}
+    n = max(lengths.values(), default=0)
+    for name, length in lengths.items():
+        if length != n:
+            problems.append(Problem(name, f"{n} rows like the other columns", f"{length} rows"))
+    if problems:
+        raise SchemaError(problems)
+    arrays: list[pa.Array] = []
+    for field in schema:
+        values = columns.get(field.name, _ABSENT)
+        if values is _ABSENT and field.name in defaults:
+            arrays.append(_default(field, defaults[field.name], n))
+            continue
+        if values is _ABSENT:
+            problems.append(Problem(field.name, "a value for every row", "no such column"))
+            arrays.append(pa.nulls(0))
+            continue
+        try:
+            if field.name in value_spaces:
+                arrays.append(_space_column(value_spaces[field.name], values, field.name))
+            else:
+                arrays.append(_plain_column(field, values, defaults.get(field.name, _ABSENT)))
+        except SchemaError as error:
+            problems += error.problems
+    if problems:
+        raise SchemaError(problems)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _length(values: Any) -> int:
+    return len(values) if not isinstance(values, np.ndarray) else int(values.shape[0])
+
+
+def _default(field: pa.Field, value: Any, n: int) -> pa.Array:
+    """A constant column, built natively (``np.full`` of strings cost ~1 ms per 10k rows)."""
+    if field.name == "logged_at" and value is None:
+        value = datetime.now(UTC)
+    if value is None:
+        return pa.nulls(n, field.type)
+    return pa.repeat(pa.scalar(value, field.type), n)
+
+
+def _space_column(space: gym.Space[Any], values: Any, name: str) -> pa.Array:
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return codec.to_arrow(space, codec.from_arrow(space, values), field=name)
+    if isinstance(values, list) and values and values[0] is _ABSENT:
+        raise SchemaError.single(name, "a value for every row", "<missing>", 0)
+    if isinstance(values, list):
+        return codec.to_arrow_rows(space, values, field=name)
+    return codec.to_arrow(space, values, field=name)
+
+
+def _plain_column(field: pa.Field, values: Any, default: Any) -> pa.Array:
+    """Convert one fixed-type column, naming the first bad row."""
+    if isinstance(values, list):
+        absent = [i for i, v in enumerate(values) if v is _ABSENT]
+        if absent and default is _ABSENT:
+            raise SchemaError.single(field.name, "a value for every row", "<missing>", absent[0])
+        values = [default if v is _ABSENT else v for v in values]
+    convert = _CONVERTERS.get(field.name, _convert_generic)
+    array = convert(field, values)
+    if not field.nullable and array.null_count:
+        row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SchemaError.single(field.name, f"{field.type} (not null)", "null", row)
+    return array
+
+
+def _convert_generic(field: pa.Field, values: Any, from_pandas: bool = True) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    try:
+        if isinstance(values, pa.Array):
+            return values.cast(field.type, safe=True)
+        if isinstance(values, np.ndarray) and values.dtype.kind == "M":
+            return pa.array(values.astype("datetime64[us]"), type=field.type)
+        if pa.types.is_timestamp(field.type):
+            # datetimes, numpy datetime64 and ISO strings alike; naive times are taken as UTC
+            stamps = pd.to_datetime(pd.Series(values, dtype=object), utc=True, format="ISO8601")
+            return pa.array(stamps, type=field.type)
+        return pa.array(values, type=field.type, from_pandas=from_pandas)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
+        got = _describe(values)
+        raise SchemaError.single(field.name, str(field.type), f"{got} ({error})") from None
+
+
+def _convert_float(field: pa.Field, values: Any) -> pa.Array:
+    array = _convert_generic(field, values, from_pandas=False)  # keep NaN as NaN, None as null
+    data = array.to_numpy(zero_copy_only=False)
+    bad = ~np.isfinite(data) & ~array.is_null().to_numpy(zero_copy_only=False)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise SchemaError.single(field.name, "finite values", str(data[row]), row)
+    return array
+
+
+def _convert_json(field: pa.Field, values: Any) -> pa.Array:
+    """``info`` and ``reset_options`` take dicts (serialized here) or JSON text (checked here)."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        values = values.to_pylist()
+    texts: list[str | None] = []
+    for row, value in enumerate(values):
+        if value is None or isinstance(value, str):
+            texts.append(value)
+            if value is not None:
+                _check_json_text(field.name, value, row)
+            continue
+        try:
+            texts.append(json.dumps(value, allow_nan=False, default=json_default))
+        except (TypeError, ValueError) as error:
+            raise SchemaError.single(
+                field.name, "JSON-serializable data", str(error), row
+            ) from None
+    try:
+        return pa.array(texts, type=pa.string())
+    except UnicodeEncodeError as error:  # a lone surrogate: JSON text carries it, UTF-8 cannot
+        row = next(i for i, text in enumerate(texts) if text is not None and not text.isascii()
+                   and _not_utf8(text))  # fmt: skip
+        raise SchemaError.single(field.name, "UTF-8 text", error.reason, row) from None
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_json_text(name: str, text: str, row: int) -> None:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        raise SchemaError.single(name, "JSON text", repr(text[:40]), row) from None
+
+
+def json_default(value: Any) -> Any:
+    """numpy scalars and arrays are common in ``info`` dicts; anything else is refused."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _convert_id(field: pa.Field, values: Any) -> pa.Array:
+    array = _convert_generic(field, values)
+    empty = pc.equal(pc.utf8_length(array), 0)
+    if field.name == "episode_id" and pc.any(empty).as_py():
+        row = int(np.flatnonzero(empty.to_numpy(zero_copy_only=False))[0])
+        raise SchemaError.single(field.name, "a non-empty string", "''", row)
+    return array
+
+
+def _convert_t(field: pa.Field, values: Any) -> pa.Array:
+    array = _convert_generic(field, values)
+    negative = pc.less(array, 0)
+    if pc.any(negative).as_py():
+        row = int(np.flatnonzero(negative.to_numpy(zero_copy_only=False))[0])
+        raise SchemaError.single(field.name, "a step index >= 0", str(array[row].as_py()), row)
+    return array
+
+
+def _describe(values: Any) -> str:
+    if isinstance(values, np.ndarray):
+        return f"array of {values.dtype}"
+    if isinstance(values, pa.Array):
+        return f"arrow {values.type}"
+    sample = (
+        next((v for v in values if v is not None), None) if isinstance(values, list) else values
+    )
+    return f"{type(sample).__name__} values"
+
+
+_CONVERTERS: dict[str, Callable[[pa.Field, Any], pa.Array]] = {
+    "reward": _convert_float,
+    "action_logp": _convert_float,
+    "return": _convert_float,
+    "info": _convert_json,
+    "reset_options": _convert_json,
+    "episode_id": _convert_id,
+    "agent_id": _convert_id,
+    "t": _convert_t,
+    "length": _convert_t,
+}

@@ -1,0 +1,1 @@
+"""Policies: the checkpoint file format, and the numpy network that acts with one anywhere."""
