@@ -9,13 +9,33 @@ import argparse
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pipeline.errors import ConfigError
 
-ALGORITHMS = ("ppo", "sac", "bc", "marwil", "cql")
-ONLINE = ("ppo", "sac", "bc", "cql")  # MARWIL's returns need whole episodes, not a replay buffer
-OFFLINE = ("sac", "bc", "marwil", "cql")  # PPO is on-policy: it learns only from its own versions
+if TYPE_CHECKING:
+    from pipeline.trainers.trainer import Trainer
+
+
+class _Algorithm(NamedTuple):
+    trainer: str  # the class in pipeline.trainers.NAME; its config is this name + "Config"
+    online: bool
+    offline: bool
+    batch_size: int  # rows per update by default
+
+
+# PPO is on-policy: it learns only from its own versions, so online only, and from larger batches.
+# MARWIL's returns need whole episodes, not a replay buffer of live rows: offline only.
+_ALGORITHMS = {
+    "ppo":    _Algorithm("PPO",    online=True,  offline=False, batch_size=2048),
+    "sac":    _Algorithm("SAC",    online=True,  offline=True,  batch_size=256),
+    "bc":     _Algorithm("BC",     online=True,  offline=True,  batch_size=256),
+    "marwil": _Algorithm("MARWIL", online=False, offline=True,  batch_size=256),
+    "cql":    _Algorithm("CQL",    online=True,  offline=True,  batch_size=256),
+}  # fmt: skip
+ALGORITHMS = tuple(_ALGORITHMS)
+ONLINE = tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.online)
+OFFLINE = tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.offline)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.data)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{args.algorithm}-{stamp}"
-    default_batch = 2048 if args.algorithm == "ppo" else 256
+    default_batch = _ALGORITHMS[args.algorithm].batch_size
     settings = loop.LoopSettings(
         data=Path(args.data),
         run_dir=run_dir,
@@ -118,21 +138,24 @@ def run(args: argparse.Namespace) -> int:
 
 def make_trainer(
     algorithm: str, observation_space: Any, action_space: Any, *, seed: int = 0, **options: Any
-) -> Any:
+) -> Trainer:
     """A trainer with its algorithm's default config, but for the ``options`` given (config
     field names, such as ``lr`` or ``gae_lambda``)."""
     import dataclasses
     import importlib
 
     module = importlib.import_module(f"pipeline.trainers.{algorithm}")
-    name = {"ppo": "PPO", "sac": "SAC", "bc": "BC", "marwil": "MARWIL", "cql": "CQL"}[algorithm]
+    name = _ALGORITHMS[algorithm].trainer
     config_type = getattr(module, f"{name}Config")
     fields = {field.name for field in dataclasses.fields(config_type)}
     unknown = sorted(set(options) - fields)
     if unknown:
         raise ConfigError("train", unknown[0], f"an option of {config_type.__name__}",
                           f"--{unknown[0].replace('_', '-')} given to {algorithm}")  # fmt: skip
-    return getattr(module, name)(observation_space, action_space, config_type(seed=seed, **options))
+    trainer: Trainer = getattr(module, name)(
+        observation_space, action_space, config_type(seed=seed, **options)
+    )
+    return trainer
 
 
 # Hyperparameters some algorithms have, each a field of their config under the flag's name.

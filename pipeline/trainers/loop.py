@@ -9,15 +9,16 @@ Online (``follow``), the reader follows the dataset ``rlpipe serve`` writes, and
 published into ``DATASET/checkpoints``, where the server and the clients pick up the newest. The
 first one is published before any update, so clients have a policy to act with.
 
-- PPO reads the rows of this run's versions as they are committed (episode fragments: it does
-  not wait for an episode to end) and updates on the newest of them as soon as ``batch_size``
-  new ones have come (rows too stale for its policy loss, see :mod:`pipeline.trainers.ppo`, do
-  not count; older rows are read past, so a trainer slower than its clients stays at the front
-  of the log instead of training on its backlog). It publishes a version after every update,
-  since its next rows should come from it. Its score is
-  the mean return of the last 20 episodes the clients played, summed from the rows it read:
-  what the clients actually got, at no cost. A gymnasium evaluation runs only every
-  ``eval_every`` updates, off the critical path of a run that stops on that score.
+- An on-policy trainer (:class:`~pipeline.trainers.trainer.OnPolicy`: PPO) reads the rows of
+  this run's versions as they are committed (episode fragments: it does not wait for an episode
+  to end) and updates on the newest of them as soon as ``batch_size`` new ones have come (rows
+  too stale for its policy loss, see :mod:`pipeline.trainers.ppo`, do not count; older rows are
+  read past, so a trainer slower than its clients stays at the front of the log instead of
+  training on its backlog). It publishes a version after every update, since its next rows
+  should come from it. Its score is the mean return of the last 20 episodes the clients played,
+  summed from the rows it read: what the clients actually got, at no cost. A gymnasium
+  evaluation runs only every ``eval_every`` updates, off the critical path of a run that stops
+  on that score.
 - The others sample minibatches from a replay buffer of everything read so far, publish every
   ``eval_every`` updates and evaluate then.
 
@@ -46,6 +47,7 @@ from pipeline.trainers import state
 from pipeline.trainers.buffer import ReplayBuffer
 from pipeline.trainers.evaluation import evaluate as evaluate_policy
 from pipeline.trainers.runlog import RunLog
+from pipeline.trainers.trainer import OnPolicy, RefreshesTargets, Trainer
 
 STATE_EVERY_S = 10.0  # online PPO publishes several versions a second; its state needn't follow
 POLL_S = 0.02  # how often a follower lists the dataset: a small part of an update
@@ -96,7 +98,7 @@ class LoopSettings:
 class _Run:
     """What both loops share: the clock, the version counter, checkpoints, state and the log."""
 
-    def __init__(self, trainer: Any, settings: LoopSettings, log: RunLog) -> None:
+    def __init__(self, trainer: Trainer, settings: LoopSettings, log: RunLog) -> None:
         self.trainer, self.settings, self.log = trainer, settings, log
         self.publish_dir = (settings.data if settings.follow else settings.run_dir) / "checkpoints"
         latest = latest_checkpoint(self.publish_dir)
@@ -156,7 +158,7 @@ class _Run:
         )
 
 
-def train_offline(trainer: Any, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
+def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
     run = _Run(trainer, settings, log)
     data = Batch.concat(InputReader(settings.data, episodes=True))
     if not len(data):
@@ -166,9 +168,9 @@ def train_offline(trainer: Any, settings: LoopSettings, log: RunLog) -> dict[str
     metrics: dict[str, float] = {}
     with run:
         while True:
-            if trainer.algorithm == "marwil" and run.updates % settings.eval_every == 0:
-                # returns bootstrap truncations from V: refresh them as V learns
-                buffer.replace_rows(data.replace(extras={"returns": trainer.returns(data)}))
+            if isinstance(trainer, RefreshesTargets) and run.updates % settings.eval_every == 0:
+                # e.g. MARWIL's returns bootstrap truncations from V: refresh them as V learns
+                buffer.replace_rows(trainer.with_targets(data))
             metrics = trainer.update(buffer.sample(settings.batch_size))
             run.updates += 1
             if run.updates % settings.eval_every == 0 or run.finished(None):
@@ -177,20 +179,21 @@ def train_offline(trainer: Any, settings: LoopSettings, log: RunLog) -> dict[str
                     return entry
 
 
-def train_online(trainer: Any, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
+def train_online(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
     with _Run(trainer, settings, log) as run:
         entry = run.publish({}, evaluate=False)  # a version for clients to act with at once
         try:
-            if trainer.algorithm == "ppo":
-                return _online_rollouts(run, entry)
+            if isinstance(trainer, OnPolicy):
+                return _online_rollouts(run, trainer, entry)
             return _online_transitions(run, entry)
         finally:
             run.save_state()
 
 
-def _online_rollouts(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
-    """PPO: an update on the rows acted by this run's versions since the last update, as soon as
-    there are ``batch_size`` of them (the newest ``MAX_BATCHES * batch_size`` when more came).
+def _online_rollouts(run: _Run, trainer: OnPolicy, entry: dict[str, Any]) -> dict[str, Any]:
+    """On-policy (PPO): an update on the rows acted by this run's versions since the last
+    update, as soon as there are ``batch_size`` of them (the newest ``MAX_BATCHES * batch_size``
+    when more came).
 
     Older rows are read (their returns count) but not trained on, so the trainer stays at the
     front of the log however fast the clients play; and a larger batch costs a small network
@@ -206,14 +209,14 @@ def _online_rollouts(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
     for batch in reader:
         env_steps += len(batch)
         returns.add(batch)
-        if not run.trainer.fresh(batch).any():
+        if not trainer.fresh(batch).any():
             continue  # all too stale for the policy loss: read past the backlog
         pending.append(batch)
         rows += len(batch)
         if rows < s.batch_size:
             continue
         newest = _by_episode(Batch.concat(pending)[max(0, rows - MAX_BATCHES * s.batch_size) :])
-        metrics = run.trainer.update(newest)
+        metrics = trainer.update(newest)
         pending, rows, run.updates, trained = [], 0, run.updates + 1, trained + len(newest)
         score = returns.mean() if returns.full else None  # a mean of 20, or none yet
         entry = run.publish(

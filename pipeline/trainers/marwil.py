@@ -7,7 +7,8 @@ paper's normalization, as RLlib implements it). ``beta = 0`` is plain behaviour 
 Returns need whole episodes: :meth:`MARWIL.returns` computes them over rows of whole episodes in
 ``t`` order (as ``InputReader(episodes=True)`` yields them), bootstrapping truncated episodes from
 the value network; ``update`` uses ``batch.extras["returns"]`` when the caller has computed them
-over the whole dataset (then minibatches can be shuffled), and computes them itself otherwise.
+over the whole dataset (``with_targets`` adds them; then minibatches can be shuffled), and
+computes them itself otherwise.
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ class MARWIL:
             next_values=next_values,
             episode_ids=batch.episode_ids,
         )
+
+    def with_targets(self, batch: Batch) -> Batch:
+        """Rows of whole episodes with ``extras["returns"]`` under the current V: the offline loop
+        refreshes them as V learns, then samples shuffled minibatches of them."""
+        return batch.replace(extras={**batch.extras, "returns": self.returns(batch)})
 
     def update(self, batch: Batch) -> dict[str, float]:
         c = self.config
