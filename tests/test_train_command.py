@@ -12,7 +12,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from trainer_factories import rllib_cartpole, scripted_cartpole
+from trainer_factories import (
+    bandit,
+    bandit_reward,
+    count_rows,
+    logged_play,
+    rllib_cartpole,
+    scripted_cartpole,
+)
 
 from pipeline import DatasetWriter, InputReader
 from pipeline.commands.cli import main
@@ -223,3 +230,55 @@ def test_train_ppo_online_through_a_real_server(tmp_path: Path) -> None:
     reader = InputReader(data, columns=["policy_version"])
     versions = np.concatenate([batch.policy_versions for batch in reader])
     assert versions.max() >= 2  # the clients acted with a version the trainer published
+
+
+def _untrained(include: bool) -> list[str]:
+    return ["--include-untrained"] if include else []
+
+
+@pytest.mark.parametrize("include", [False, True], ids=["default", "include-untrained"])
+@pytest.mark.parametrize(
+    ("algorithm", "discrete"), [("bc", True), ("marwil", True), ("cql", True), ("sac", False)]
+)
+def test_train_offline_skips_training_disabled_episodes_unless_asked(
+    tmp_path: Path, algorithm: str, discrete: bool, include: bool
+) -> None:
+    """300 expert episodes, then 300 of the worst actions marked training_enabled=False."""
+    data = bandit(tmp_path / "ds", steps=300, discrete=discrete, expert=True, untrained=300)
+    run_dir = tmp_path / "run"
+    args = ["train", algorithm, "--data", str(data), "--run-dir", str(run_dir)]
+    options = ["--max-updates", "1", "--eval-every", "1", "--hidden", "16"]
+    assert main([*args, *options, *_untrained(include)]) == 0
+    assert _metrics(run_dir)[-1]["rows"] == (600 if include else 300)
+
+
+def test_train_bc_offline_learns_nothing_from_training_disabled_episodes(tmp_path: Path) -> None:
+    """RLlib's promise: an episode started with training_enabled=False gives no training batch.
+    Here those episodes hold the worst actions; learning from them too halves the reward."""
+    data = bandit(tmp_path / "ds", steps=1000, discrete=True, expert=True, untrained=1000)
+    run_dir = tmp_path / "run"
+    args = ["train", "bc", "--data", str(data), "--run-dir", str(run_dir)]
+    assert main([*args, "--max-updates", "200", "--eval-every", "200", *SMALL]) == 0
+    policy = NumpyPolicy(load_checkpoint(latest_checkpoint(run_dir)))  # type: ignore[arg-type]
+    s = np.linspace(-1, 1, 101, dtype=np.float32)[:, None]
+    actions, _ = policy.act(s, np.random.default_rng(0), explore=False)
+    assert bandit_reward(actions, s, discrete=True) > 0.95  # about 0.5 with the others too
+
+
+@pytest.mark.parametrize("include", [False, True], ids=["default", "include-untrained"])
+@pytest.mark.parametrize(("algorithm", "env_id"), [("ppo", "CartPole-v1"), ("sac", "Pendulum-v1")])
+def test_train_online_skips_training_disabled_episodes_unless_asked(
+    tmp_path: Path, algorithm: str, env_id: str, include: bool
+) -> None:
+    """Rows of version 1, every second episode training_enabled=False, all committed before
+    the trainer starts: its first update reads them all in one look."""
+    data = logged_play(tmp_path / "live", env_id, episodes=8)
+    trained, total = count_rows(data, training_enabled=True), count_rows(data)
+    assert 0 < trained < total
+    run_dir = tmp_path / "run"
+    args = ["train", algorithm, "--data", str(data), "--follow", "--run-dir", str(run_dir)]
+    options = ["--max-updates", "1", "--batch-size", str(trained), "--timeout", "5"]
+    assert main([*args, *options, "--hidden", "16", *_untrained(include)]) == 0
+    last = _metrics(run_dir)[-1]
+    assert (last["update"], last["env_steps"]) == (1, total if include else trained)
+    assert count_rows(data) == total  # stored and kept: inspect and replay see every row

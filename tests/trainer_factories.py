@@ -45,11 +45,15 @@ def scripted_cartpole(path: Path, steps: int, epsilon: float, seed: int = 0) -> 
     return path
 
 
-def bandit(path: Path, steps: int, discrete: bool, seed: int = 0, expert: bool = False) -> Path:
+def bandit(
+    path: Path, steps: int, discrete: bool, seed: int = 0, expert: bool = False, untrained: int = 0
+) -> Path:
     """One-step episodes with observation s in [-1, 1]; logged actions random, or near the best
     when ``expert``.
 
     Box actions: reward -(a - s)^2, best a = s. Discrete(2): reward 1 when a == (s > 0).
+    ``untrained`` more episodes follow, marked ``training_enabled=False``, whose actions are the
+    worst there are: a trainer that learns from them learns the opposite of the expert.
     """
     rng = np.random.default_rng(seed)
     observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
@@ -73,13 +77,75 @@ def bandit(path: Path, steps: int, discrete: bool, seed: int = 0, expert: bool =
             "next_observation": s, "terminated": np.ones(steps, bool),
             "truncated": np.zeros(steps, bool),
         })  # fmt: skip
+        if untrained:
+            writer.append(_worst_bandit_rows(untrained, discrete, rng))
     return path
+
+
+def _worst_bandit_rows(n: int, discrete: bool, rng: np.random.Generator) -> dict[str, Any]:
+    s = rng.uniform(-1, 1, (n, 1)).astype(np.float32)
+    if discrete:
+        actions: np.ndarray = (s[:, 0] <= 0).astype(np.int64)
+        rewards = np.zeros(n)
+    else:
+        actions = np.where(s > 0, -1.0, 1.0).astype(np.float32)
+        rewards = -((actions - s) ** 2)[:, 0].astype(np.float64)
+    return {
+        "episode_id": [f"u{i}" for i in range(n)],
+        "t": np.zeros(n, np.int64),
+        "observation": s,
+        "action": actions,
+        "reward": rewards,
+        "next_observation": s,
+        "terminated": np.ones(n, bool),
+        "truncated": np.zeros(n, bool),
+        "training_enabled": np.zeros(n, bool),
+    }
 
 
 def bandit_reward(actions: np.ndarray, s: np.ndarray, discrete: bool) -> float:
     if discrete:
         return float((actions == (s[:, 0] > 0)).mean())
     return float(-((actions.reshape(-1, 1) - s) ** 2).mean())
+
+
+def logged_play(path: Path, env_id: str, episodes: int, seed: int = 0) -> Path:
+    """Random play of ``env_id`` as clients acting with policy version 1 log it (with an
+    ``action_logp``), episodes cut at 50 steps; every second one ``training_enabled=False``."""
+    env = gym.make(env_id)
+    with DatasetWriter(path, env.observation_space, env.action_space) as writer:
+        for episode in range(episodes):
+            observation, _ = env.reset(seed=seed * 1000 + episode)
+            env.action_space.seed(seed * 1000 + episode)
+            rows: list[dict[str, Any]] = []
+            for t in range(50):
+                action = env.action_space.sample()
+                next_observation, reward, terminated, truncated, _ = env.step(action)
+                rows.append(
+                    {
+                        "episode_id": f"e{episode}",
+                        "t": t,
+                        "observation": observation,
+                        "action": action,
+                        "reward": float(reward),
+                        "next_observation": next_observation,
+                        "terminated": terminated,
+                        "truncated": truncated or (t == 49 and not terminated),
+                        "action_logp": -0.7,
+                        "policy_version": 1,
+                        "training_enabled": episode % 2 == 0,
+                    }
+                )
+                observation = next_observation
+                if terminated or truncated:
+                    break
+            writer.append_rows(rows)
+    env.close()
+    return path
+
+
+def count_rows(path: Path, **filters: Any) -> int:
+    return sum(len(batch) for batch in InputReader(path, columns=["t"], **filters))
 
 
 def read_all(path: Path) -> Batch:

@@ -1,5 +1,6 @@
 """``rlpipe train {ppo,sac,bc,marwil,cql} --data DIR``: train from a dataset, live or historic.
 
+Rows of ``training_enabled=False`` episodes are skipped unless ``--include-untrained`` is given.
 torch is imported only when the command runs, so ``rlpipe --help`` stays fast.
 """
 
@@ -74,6 +75,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "also publish a checkpoint only then, online PPO after every update",
     )
     parser.add_argument("--eval-episodes", type=int, default=5)
+    parser.add_argument(
+        "--include-untrained",
+        action="store_true",
+        help="train on rows of training_enabled=False episodes too (default: skip them, as "
+        "RLlib does; they are still stored, and inspect and replay see them)",
+    )
     parser.add_argument("--hidden", type=_widths, help="hidden layer widths, e.g. 64,64")
     parser.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
     for flag, kind, text in _HYPERPARAMETERS:
@@ -114,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         eval_episodes=args.eval_episodes,
         timeout_s=args.timeout,
         seed=args.seed,
+        include_untrained=args.include_untrained,
     )
     options = {"hidden": args.hidden, "lr": args.lr}
     options.update({_field(flag): getattr(args, _field(flag)) for flag, _, _ in _HYPERPARAMETERS})

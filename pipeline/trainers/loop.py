@@ -22,6 +22,12 @@ first one is published before any update, so clients have a policy to act with.
 - The others sample minibatches from a replay buffer of everything read so far, publish every
   ``eval_every`` updates and evaluate then.
 
+Rows of ``training_enabled=False`` episodes are stored and marked, and no loop reads them
+(RLlib's promise: such an episode produces no training batches): they are neither trained on nor
+counted in ``rows``, ``env_steps`` or the online score. ``include_untrained`` (``rlpipe train
+--include-untrained``) reads them too. The InputReader's own filter does this, so ``rlpipe
+inspect`` and ``rlpipe replay`` still see every row.
+
 Both save the trainer's state (``RUN/trainer-state.npz``) with each evaluation, at least every
 ``STATE_EVERY_S`` seconds and when they stop; a run started again with the same ``--run-dir``
 resumes from it.
@@ -75,6 +81,7 @@ class LoopSettings:
     replay_ratio: float = 1.0
     timeout_s: float = 60.0
     seed: int = 0
+    include_untrained: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "eval_every", "eval_episodes"):
@@ -93,6 +100,13 @@ class LoopSettings:
             except gym.error.Error as error:
                 raise ConfigError("train", "env", "a registered gymnasium id",
                                   f"{self.env_id} ({error})") from None  # fmt: skip
+        if not isinstance(self.include_untrained, bool):
+            raise ConfigError("train", "include_untrained", "a bool", self.include_untrained)
+
+    @property
+    def training_enabled(self) -> bool | None:
+        """The readers' filter: rows of training_enabled episodes, or every row."""
+        return None if self.include_untrained else True
 
 
 class _Run:
@@ -160,9 +174,11 @@ class _Run:
 
 def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
     run = _Run(trainer, settings, log)
-    data = Batch.concat(InputReader(settings.data, episodes=True))
+    reader = InputReader(settings.data, episodes=True, training_enabled=settings.training_enabled)
+    data = Batch.concat(reader)
     if not len(data):
-        raise DatasetError(f"{settings.data}: no rows to train on")
+        which = "rows" if settings.include_untrained else "training_enabled rows"
+        raise DatasetError(f"{settings.data}: no {which} to train on")
     buffer = ReplayBuffer(capacity=max(1, len(data)), seed=settings.seed)
     buffer.add(data)
     metrics: dict[str, float] = {}
@@ -201,8 +217,15 @@ def _online_rollouts(run: _Run, trainer: OnPolicy, entry: dict[str, Any]) -> dic
     dropped, up to that cap."""
     s = run.settings
     # one batch per look at the dataset: everything committed since the last one
-    reader = InputReader(s.data, batch_size=_ALL_NEW_ROWS, follow=True, timeout_s=s.timeout_s,
-                         poll_interval_s=POLL_S, min_policy_version=run.version)  # fmt: skip
+    reader = InputReader(
+        s.data,
+        batch_size=_ALL_NEW_ROWS,
+        follow=True,
+        timeout_s=s.timeout_s,
+        poll_interval_s=POLL_S,
+        min_policy_version=run.version,
+        training_enabled=s.training_enabled,
+    )
     returns = EpisodeReturns(SCORE_EPISODES)
     pending: list[Batch] = []
     rows = env_steps = trained = 0
@@ -294,8 +317,14 @@ def _online_transitions(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
     every PUBLISH_UPDATES updates, so clients act with a recent policy, and evaluated every
     ``eval_every``."""
     s = run.settings
-    reader = InputReader(s.data, batch_size=_ALL_NEW_ROWS, follow=True, timeout_s=s.timeout_s,
-                         poll_interval_s=POLL_S)  # fmt: skip
+    reader = InputReader(
+        s.data,
+        batch_size=_ALL_NEW_ROWS,
+        follow=True,
+        timeout_s=s.timeout_s,
+        poll_interval_s=POLL_S,
+        training_enabled=s.training_enabled,
+    )
     buffer = ReplayBuffer(seed=s.seed)
     env_steps = since_eval = since_publish = 0
     for batch in reader:
