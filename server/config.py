@@ -57,9 +57,11 @@ class ServerConfig:
             object.__setattr__(self, "policy", Path(self.policy))
         if (self.observation_space is None) != (self.action_space is None):
             raise ConfigError(
-                "ServerConfig", "action_space", "both spaces or neither",
+                "ServerConfig",
+                "action_space",
+                "both spaces or neither",
                 f"observation_space={self.observation_space}, action_space={self.action_space}",
-            )  # fmt: skip
+            )
         if self.token is not None and (not isinstance(self.token, str) or not self.token):
             raise ConfigError("ServerConfig", "token", "a non-empty string or None", self.token)
         for name in ("max_body_bytes", "max_backlog", "retry_after_s"):

@@ -55,8 +55,9 @@ _SERVICE: list[Any] = []  # the worker's service, closed when the worker stops
 _STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
-def serve(config: ServerConfig, host: str, port: int, threads: int,
-          announce: Callable[[str], None]) -> None:  # fmt: skip
+def serve(
+    config: ServerConfig, host: str, port: int, threads: int, announce: Callable[[str], None]
+) -> None:
     """Serve ``config``'s app on ``host:port`` (0: a free port) until SIGINT or SIGTERM.
 
     ``announce(url)`` runs in the worker once the app is built and the port listens, with the
@@ -71,8 +72,13 @@ def serve(config: ServerConfig, host: str, port: int, threads: int,
     run_wsgi(partial(_build, config), host, port, threads, announce)
 
 
-def run_wsgi(load: Callable[[], WsgiApp], host: str, port: int, threads: int,
-             announce: Callable[[str], None] = lambda url: None) -> None:  # fmt: skip
+def run_wsgi(
+    load: Callable[[], WsgiApp],
+    host: str,
+    port: int,
+    threads: int,
+    announce: Callable[[str], None] = lambda url: None,
+) -> None:
     """Serve the WSGI app that ``load()`` builds in the worker, until SIGINT or SIGTERM;
     ``announce(url)`` runs in the worker once a connection to the app is accepted."""
     try:
@@ -87,9 +93,16 @@ def run_wsgi(load: Callable[[], WsgiApp], host: str, port: int, threads: int,
     url = f"http://{host}:{holder.getsockname()[1]}"
     # log_level "error": granian warns at start when threads exceed 2 per core, which the
     # combining of concurrent steps wants (see server.combiner)
-    server = Granian("rlpipe", address=host, port=holder.getsockname()[1],
-                     interface=Interfaces.WSGI, workers=1, blocking_threads=threads,
-                     log_level=LogLevels.error, websockets=False)  # fmt: skip
+    server = Granian(
+        "rlpipe",
+        address=host,
+        port=holder.getsockname()[1],
+        interface=Interfaces.WSGI,
+        workers=1,
+        blocking_threads=threads,
+        log_level=LogLevels.error,
+        websockets=False,
+    )
     server.on_startup(holder.close)  # granian has bound the port by then
     worker = partial(_worker, Granian._spawn_wsgi_worker)
     served = (host, holder.getsockname()[1])
@@ -103,8 +116,9 @@ def _fork_workers() -> None:
     if multiprocessing.get_start_method(allow_none=True) == "fork":
         return
     if "fork" not in multiprocessing.get_all_start_methods():
-        raise ConfigError("serve", "platform", "one that can fork processes (Linux, macOS)",
-                          sys.platform)  # fmt: skip
+        raise ConfigError(
+            "serve", "platform", "one that can fork processes (Linux, macOS)", sys.platform
+        )
     multiprocessing.set_start_method("fork", force=True)
 
 
@@ -113,8 +127,12 @@ def _check_dataset(config: ServerConfig) -> None:
     a worker that fails can only print why and exit. (The writer's own rule, run early.)"""
     from pipeline.format.manifest import open_manifest
 
-    open_manifest(str(Path(config.data).resolve()), config.observation_space,
-                  config.action_space, config.env_id)  # fmt: skip
+    open_manifest(
+        str(Path(config.data).resolve()),
+        config.observation_space,
+        config.action_space,
+        config.env_id,
+    )
 
 
 def _reserve(host: str, port: int) -> socket.socket:
@@ -142,8 +160,14 @@ def _reserve(host: str, port: int) -> socket.socket:
     return holder
 
 
-def _load(load: Callable[[], WsgiApp], announce: Callable[[str], None], url: str,
-          served: tuple[str, int], supervisor: int, _target: str) -> WsgiApp:  # fmt: skip
+def _load(
+    load: Callable[[], WsgiApp],
+    announce: Callable[[str], None],
+    url: str,
+    served: tuple[str, int],
+    supervisor: int,
+    _target: str,
+) -> WsgiApp:
     """The app, in the worker, which takes SIGINT and SIGTERM on one thread from here on.
 
     The worker has no other thread yet, and a thread starts with its creator's signal mask, so
@@ -153,10 +177,15 @@ def _load(load: Callable[[], WsgiApp], announce: Callable[[str], None], url: str
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     app = load()
     listening = threading.Event()
-    threading.Thread(target=_relay_stops, args=(listening,), name="rlpipe-stops",
-                     daemon=True).start()  # fmt: skip
-    threading.Thread(target=_announce_when_listening, args=(announce, url, served, listening),
-                     name="rlpipe-announce", daemon=True).start()  # fmt: skip
+    threading.Thread(
+        target=_relay_stops, args=(listening,), name="rlpipe-stops", daemon=True
+    ).start()
+    threading.Thread(
+        target=_announce_when_listening,
+        args=(announce, url, served, listening),
+        name="rlpipe-announce",
+        daemon=True,
+    ).start()
     return app
 
 

@@ -29,8 +29,9 @@ def start(
         RuntimeError: when the server exits before it listens (its log says why).
     """
     command = [sys.executable, "-m", "pipeline", "serve", *arguments, "--port", "0"]
-    server = subprocess.Popen(command, text=True, env=env, cwd=cwd,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    server = subprocess.Popen(
+        command, text=True, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     if server.stdout is None:  # not with stdout=PIPE; this narrows the type
         raise RuntimeError("rlpipe serve started without an output pipe")
     lines = []

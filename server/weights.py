@@ -20,8 +20,11 @@ def weights_response(runner: PolicyRunner, have: str | None) -> Response:
     runner.refresh()
     path, version = runner.checkpoint_path, runner.version
     if path is None or version is None:
-        raise ApiError(404, "no checkpoint has been published yet; act at random until one is "
-                            "(GET /v1/health says when)")  # fmt: skip
+        raise ApiError(
+            404,
+            "no checkpoint has been published yet; act at random until one is "
+            "(GET /v1/health says when)",
+        )
     if have is not None:
         try:
             held = int(have)

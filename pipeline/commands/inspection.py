@@ -20,9 +20,15 @@ from typing import Any
 from pipeline.errors import RlpipeError
 
 _STEP_COLUMNS = [
-    "episode_id", "agent_id", "client_id", "policy_version", "logged_at", "reward", "terminated",
+    "episode_id",
+    "agent_id",
+    "client_id",
+    "policy_version",
+    "logged_at",
+    "reward",
+    "terminated",
     "truncated",
-]  # fmt: skip
+]
 _LIST_LIMIT = 20
 
 
@@ -134,8 +140,10 @@ def plot_episodes(path: str | Path, out: str | Path) -> Path:
     left, right = figure.subplots(1, 2)
     left.plot(range(1, len(returns) + 1), returns, ".", alpha=0.4, label="episode")
     window = max(1, len(returns) // 20)
-    smooth = [sum(returns[max(0, i - window + 1) : i + 1]) / min(window, i + 1)
-              for i in range(len(returns))]  # fmt: skip
+    smooth = [
+        sum(returns[max(0, i - window + 1) : i + 1]) / min(window, i + 1)
+        for i in range(len(returns))
+    ]
     left.plot(range(1, len(returns) + 1), smooth, "-", label=f"mean of {window}")
     left.set(xlabel="episode (in order of ending)", ylabel="return", title="Return over time")
     left.legend(loc="best")
@@ -207,8 +215,11 @@ def _health(filesystem: Any, root: str) -> dict[str, list[str]]:
     uncommitted += [i.base_name for i in top if i.base_name.startswith(".")]
     local = isinstance(filesystem, pafs.LocalFileSystem)
     pending = [str(p.relative_to(root)) for p in pending_segments(root)] if local else []
-    return {"uncommitted": sorted(uncommitted), "unreadable": sorted(unreadable),
-            "pending_log": pending}  # fmt: skip
+    return {
+        "uncommitted": sorted(uncommitted),
+        "unreadable": sorted(unreadable),
+        "pending_log": pending,
+    }
 
 
 def _table_files(filesystem: Any, root: str, table: str, bad: set[str]) -> list[str]:
@@ -245,9 +256,14 @@ def _step_stats(steps: Any) -> dict[str, Any]:
     import pyarrow.compute as pc
 
     if steps is None:
-        return {"rows": 0, "episodes": {"complete": 0, "incomplete": 0}, "clients": [],
-                "agents": [], "policy_versions": [],
-                "date_range": {"first": None, "last": None}}  # fmt: skip
+        return {
+            "rows": 0,
+            "episodes": {"complete": 0, "incomplete": 0},
+            "clients": [],
+            "agents": [],
+            "policy_versions": [],
+            "date_range": {"first": None, "last": None},
+        }
     complete = _complete_episodes(steps).num_rows
     everything = steps.group_by(["episode_id", "agent_id"]).aggregate([]).num_rows
     versions = pc.unique(steps.column("policy_version").drop_null()).to_pylist()

@@ -107,9 +107,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.to:
         episodes, steps = resend(
-            args.dir, args.to, episode_id=args.episode, inference_mode=args.inference_mode,
+            args.dir,
+            args.to,
+            episode_id=args.episode,
+            inference_mode=args.inference_mode,
             token=args.token,
-        )  # fmt: skip
+        )
         print(f"re-sent {episodes} episodes ({steps} steps) to {args.to}")
         return 0
     if not args.episode:
@@ -195,8 +198,15 @@ def resend(
     from pipeline.client import PolicyClient
     from pipeline.dataset.reader import InputReader
 
-    columns = ("observation", "action", "reward", "next_observation", "terminated", "truncated",
-               "training_enabled")  # fmt: skip
+    columns = (
+        "observation",
+        "action",
+        "reward",
+        "next_observation",
+        "terminated",
+        "truncated",
+        "training_enabled",
+    )
     condition = ds.field("episode_id") == episode_id if episode_id else None
     reader = InputReader(path, episodes=True, columns=columns, filter=condition)
     client = PolicyClient(address, inference_mode, update_interval=None, token=token)
@@ -218,9 +228,11 @@ def _resend_episode(client: Any, path: str | Path, episode: Any) -> int:
     episode_id = str(episode.episode_ids[0])
     seed, options = _reset_args(path, episode_id, str(episode.agent_ids[0]))
     sent = client.start_episode(
-        episode_id=episode_id, training_enabled=bool(episode.training_enabled[0]), seed=seed,
+        episode_id=episode_id,
+        training_enabled=bool(episode.training_enabled[0]),
+        seed=seed,
         options=options,
-    )  # fmt: skip
+    )
     n = len(episode.rewards)
     for t in range(n):
         client.log_action(sent, _row(episode.observations, t), _as_action(_row(episode.actions, t)))
@@ -277,12 +289,14 @@ def _execute(
             divergence = Divergence(t, "reward", float(episode.rewards[t]), float(reward))
         recorded_next = _row(episode.next_observations, t)
         if divergence is None and not _same(observation_space, recorded_next, observation):
-            divergence = _diverged(observation_space, t, "next_observation", recorded_next,
-                                   observation)  # fmt: skip
+            divergence = _diverged(
+                observation_space, t, "next_observation", recorded_next, observation
+            )
         if (terminated or truncated) and t + 1 < len(episode.rewards):
             if divergence is None:
-                divergence = Divergence(t, "ended", "running", "terminated" if terminated else
-                                        "truncated")  # fmt: skip
+                divergence = Divergence(
+                    t, "ended", "running", "terminated" if terminated else "truncated"
+                )
             break
     return divergence, replayed, frames
 
@@ -337,8 +351,9 @@ def _write_gif(frames: list[Any], path: str | Path | None, fps: int) -> str:
     target = Path(str(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     duration = max(20, round(1000 / max(1, int(fps))))
-    images[0].save(target, format="GIF", save_all=True, append_images=images[1:],
-                   duration=duration, loop=0)  # fmt: skip
+    images[0].save(
+        target, format="GIF", save_all=True, append_images=images[1:], duration=duration, loop=0
+    )
     return str(target.resolve())
 
 

@@ -118,10 +118,12 @@ class Batch:
         }
         extras = {key: _split(value, size, starts) for key, value in self.extras.items()}
         return [
-            _make({name: parts[i] for name, parts in fields.items()},
-                  {key: parts[i] for key, parts in extras.items()})
+            _make(
+                {name: parts[i] for name, parts in fields.items()},
+                {key: parts[i] for key, parts in extras.items()},
+            )
             for i in range(len(starts))
-        ]  # fmt: skip
+        ]
 
     def replace(self, **changes: Any) -> Batch:
         return dataclasses.replace(self, **changes)

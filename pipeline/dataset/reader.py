@@ -30,9 +30,18 @@ from pipeline.format import layout, schema
 from pipeline.format.manifest import read_manifest
 
 DEFAULT_COLUMNS = (
-    "episode_id", "agent_id", "t", "observation", "action", "reward", "next_observation",
-    "terminated", "truncated", "action_logp", "policy_version",
-)  # fmt: skip
+    "episode_id",
+    "agent_id",
+    "t",
+    "observation",
+    "action",
+    "reward",
+    "next_observation",
+    "terminated",
+    "truncated",
+    "action_logp",
+    "policy_version",
+)
 EPISODE_KEYS = ("episode_id", "agent_id", "t", "terminated", "truncated")
 _CAUGHT_UP = None  # marker in the chunk stream: a follow poll found nothing new
 

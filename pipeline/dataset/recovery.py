@@ -55,8 +55,12 @@ def pending_segments(path: str | Path) -> list[Path]:
     base = layout.wal_root(str(path))
     if not base.is_dir():
         return []
-    return [segment for directory in sorted(base.iterdir()) if directory.is_dir()
-            for segment in layout.segments(directory)]  # fmt: skip
+    return [
+        segment
+        for directory in sorted(base.iterdir())
+        if directory.is_dir()
+        for segment in layout.segments(directory)
+    ]
 
 
 def _recover_dir(root: str, directory: Path) -> list[Recovered]:
@@ -72,8 +76,9 @@ def _recover_dir(root: str, directory: Path) -> list[Recovered]:
         return []  # its writer is alive
     try:
         writer_id = directory.name
-        recovered = [_recover_segment(root, writer_id, segment)
-                     for segment in layout.segments(directory)]  # fmt: skip
+        recovered = [
+            _recover_segment(root, writer_id, segment) for segment in layout.segments(directory)
+        ]
         _remove_stale_tmp(root, writer_id)
         _remove_dir(directory)
         return [item for item in recovered if item is not None]

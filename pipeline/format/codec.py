@@ -111,11 +111,15 @@ def _stack_container(
     if path in first:
         return MISSING
     keys = names if isinstance(space, Dict) else range(len(names))
-    return assemble(space, [
-        MISSING if f"{path}.{name}" in first
-        else _stack(sub, [row[key] for row in rows], f"{path}.{name}", problems)
-        for (name, sub), key in zip(children, keys, strict=True)
-    ])  # fmt: skip
+    return assemble(
+        space,
+        [
+            MISSING
+            if f"{path}.{name}" in first
+            else _stack(sub, [row[key] for row in rows], f"{path}.{name}", problems)
+            for (name, sub), key in zip(children, keys, strict=True)
+        ],
+    )
 
 
 def _encode_part(space: gym.Space[Any], values: Any, path: str, problems: _Problems) -> Any:
@@ -193,8 +197,9 @@ def _encode_container(space: Dict | Tuple, values: Any, path: str, problems: _Pr
     return pa.StructArray.from_arrays(arrays, fields=list(space_to_arrow(space)))
 
 
-def _container_problems(names: list[str], space: Dict | Tuple, value: Any, path: str,
-                        row: int | None) -> _Problems:  # fmt: skip
+def _container_problems(
+    names: list[str], space: Dict | Tuple, value: Any, path: str, row: int | None
+) -> _Problems:
     """Why ``value`` is not a mapping with the Dict's keys, or a sequence as long as the Tuple."""
     if isinstance(space, Tuple):
         if isinstance(value, list | tuple) and len(value) == len(names):
@@ -249,8 +254,15 @@ def _finite(array: np.ndarray, dtype: Any, path: str, problems: _Problems) -> An
     return None
 
 
-def _integers(array: np.ndarray, lo: Any, hi: Any, dtype: Any, path: str, problems: _Problems,
-              expected: Callable[[tuple[int, ...]], str]) -> Any:  # fmt: skip
+def _integers(
+    array: np.ndarray,
+    lo: Any,
+    hi: Any,
+    dtype: Any,
+    path: str,
+    problems: _Problems,
+    expected: Callable[[tuple[int, ...]], str],
+) -> Any:
     """``array`` cast to ``dtype`` if every value is an integer in [lo, hi] (per element)."""
     floats = array.dtype.kind == "f"
     if array.size and (floats or np.any(array.min(0) < lo) or np.any(array.max(0) > hi)):
@@ -357,8 +369,13 @@ def _decode_container(space: Dict | Tuple, array: pa.Array, path: str, problems:
     if array.null_count:
         problems.append(Problem(path, "a value in every row", "null", _first_null(array)))
         return None
-    return assemble(space, [_decode(sub, array.field(i), f"{path}.{name}", problems)
-                             for i, (name, sub) in enumerate(subspaces(space))])  # fmt: skip
+    return assemble(
+        space,
+        [
+            _decode(sub, array.field(i), f"{path}.{name}", problems)
+            for i, (name, sub) in enumerate(subspaces(space))
+        ],
+    )
 
 
 def _first_null(array: pa.Array) -> int:

@@ -88,8 +88,13 @@ def space_to_json(space: gym.Space[Any]) -> dict[str, Any]:
 @space_to_json.register(Box)
 def _box_to_json(space: Box) -> dict[str, Any]:
     low, high = _bounds_to_json(space.low), _bounds_to_json(space.high)
-    return {"type": "Box", "shape": list(space.shape), "dtype": space.dtype.name, "low": low,
-            "high": high}  # fmt: skip
+    return {
+        "type": "Box",
+        "shape": list(space.shape),
+        "dtype": space.dtype.name,
+        "low": low,
+        "high": high,
+    }
 
 
 @space_to_json.register(Discrete)
@@ -102,8 +107,12 @@ def _discrete_to_json(space: Discrete) -> dict[str, Any]:
 
 @space_to_json.register(MultiDiscrete)
 def _multi_discrete_to_json(space: MultiDiscrete) -> dict[str, Any]:
-    return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(), "start": space.start.tolist(),
-            "dtype": space.dtype.name}  # fmt: skip
+    return {
+        "type": "MultiDiscrete",
+        "nvec": space.nvec.tolist(),
+        "start": space.start.tolist(),
+        "dtype": space.dtype.name,
+    }
 
 
 @space_to_json.register(MultiBinary)
@@ -116,8 +125,10 @@ def _multi_binary_to_json(space: MultiBinary) -> dict[str, Any]:
 @space_to_json.register(Tuple)
 def _container_to_json(space: Dict | Tuple) -> dict[str, Any]:
     docs = {name: space_to_json(sub) for name, sub in subspaces(space)}
-    return {"type": type(space).__name__,
-            "spaces": docs if isinstance(space, Dict) else list(docs.values())}  # fmt: skip
+    return {
+        "type": type(space).__name__,
+        "spaces": docs if isinstance(space, Dict) else list(docs.values()),
+    }
 
 
 def _bounds_to_json(bounds: np.ndarray) -> Any:
@@ -149,8 +160,9 @@ def _read(doc: Any, where: str) -> gym.Space[Any]:
         )
     kind = doc.get("type")
     if kind not in _READERS:
-        raise SpaceError(f"space document at {where}: 'type' must be one of "
-                         f"{', '.join(SUPPORTED)}, got {kind!r}")  # fmt: skip
+        raise SpaceError(
+            f"space document at {where}: 'type' must be one of {', '.join(SUPPORTED)}, got {kind!r}"
+        )
     required, optional, read = _READERS[kind]
     wrong = [f"{kind} is missing '{key}'" for key in required if key not in doc]
     wrong += [f"{kind} has no key '{key}'" for key in doc if key not in (*required, *optional)]
@@ -189,8 +201,10 @@ def _read_container(doc: Mapping[str, Any], where: str) -> Dict | Tuple:
     subs, is_dict = doc["spaces"], doc["type"] == "Dict"
     if not subs or not isinstance(subs, Mapping if is_dict else list):
         kind = "object" if is_dict else "list"
-        raise SpaceError(f"space document at {where}.spaces: expected a non-empty JSON {kind}, "
-                         f"got {reprlib.repr(subs)}")  # fmt: skip
+        raise SpaceError(
+            f"space document at {where}.spaces: expected a non-empty JSON {kind}, "
+            f"got {reprlib.repr(subs)}"
+        )
     pairs = subs.items() if isinstance(subs, Mapping) else enumerate(subs)
     spaces = [(str(key), _read(sub, f"{where}.spaces.{key}")) for key, sub in pairs]
     # a list of pairs keeps the stored key order (gymnasium would sort a dict's keys)
@@ -211,8 +225,10 @@ def _ints(value: Any, where: str) -> Any:
     """``value`` if it is an integer or nested lists of them (gymnasium would truncate floats)."""
     items = np.asarray(value, dtype=object).reshape(-1)
     if not all(isinstance(item, int) and not isinstance(item, bool) for item in items):
-        raise SpaceError(f"space document at {where}: expected an integer or nested lists of "
-                         f"integers, got {reprlib.repr(value)}")  # fmt: skip
+        raise SpaceError(
+            f"space document at {where}: expected an integer or nested lists of "
+            f"integers, got {reprlib.repr(value)}"
+        )
     return value
 
 
@@ -222,8 +238,9 @@ def _bounds_from_json(value: Any, dtype: np.dtype[Any], where: str) -> np.ndarra
             return [decode(x) for x in item]
         if item in ("inf", "-inf") or isinstance(item, int | float):
             return float(item) if isinstance(item, str) else item
-        raise SpaceError(f"space document at {where}: expected numbers, 'inf' or '-inf', "
-                         f"got {item!r}")  # fmt: skip
+        raise SpaceError(
+            f"space document at {where}: expected numbers, 'inf' or '-inf', got {item!r}"
+        )
 
     decoded = decode(value)
     with np.errstate(all="raise"):
@@ -295,13 +312,17 @@ def space_from_field(field: pa.Field) -> gym.Space[Any]:
     """
     raw = (field.metadata or {}).get(META_SPACE)
     if raw is None:
-        raise SpaceError(f"field '{field.name}' has no {META_SPACE.decode()} metadata; "
-                         "only fields made by space_field() carry a space")  # fmt: skip
+        raise SpaceError(
+            f"field '{field.name}' has no {META_SPACE.decode()} metadata; "
+            "only fields made by space_field() carry a space"
+        )
     try:
         space = space_from_json(json.loads(raw))
     except json.JSONDecodeError as error:
         raise SpaceError(f"field '{field.name}': space metadata is not JSON: {error}") from error
     if field.type != space_to_arrow(space):
-        raise SpaceError(f"field '{field.name}' has type {field.type}, but its space is stored "
-                         f"as {space_to_arrow(space)}")  # fmt: skip
+        raise SpaceError(
+            f"field '{field.name}' has type {field.type}, but its space is stored "
+            f"as {space_to_arrow(space)}"
+        )
     return space

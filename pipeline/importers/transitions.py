@@ -197,8 +197,9 @@ def denormalize(actions: np.ndarray, space: gym.Space[Any]) -> np.ndarray:
     if not isinstance(space, gym.spaces.Box) or not (
         np.isfinite(space.low).all() and np.isfinite(space.high).all()
     ):
-        raise ConfigError("import", "actions_normalized", "a Box action space with finite bounds",
-                          str(space))  # fmt: skip
+        raise ConfigError(
+            "import", "actions_normalized", "a Box action space with finite bounds", str(space)
+        )
     low, high = space.low, space.high
     scaled = low + (np.asarray(actions, np.float64) + 1.0) * (high - low) / 2.0
     return np.clip(scaled, low, high).astype(space.dtype)

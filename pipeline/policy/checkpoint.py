@@ -59,10 +59,11 @@ class ModelSpec:
         discrete = isinstance(self.action_space, gym.spaces.Discrete)
         if discrete != (self.distribution == "categorical"):
             raise ConfigError(
-                "ModelSpec", "distribution",
+                "ModelSpec",
+                "distribution",
                 "'categorical' for a Discrete action space, a Gaussian for a Box",
                 f"{self.distribution!r} for {self.action_space}",
-            )  # fmt: skip
+            )
 
     @property
     def action_dim(self) -> int:

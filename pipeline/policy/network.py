@@ -26,10 +26,12 @@ class NumpyPolicy:
         self.spec = checkpoint.spec
         _check_shapes(checkpoint)  # every array there, in its shape
         self._layers = [
-            (checkpoint.weights[f"pi.{i}.weight"].T.astype(np.float32),
-             checkpoint.weights[f"pi.{i}.bias"].astype(np.float32))
+            (
+                checkpoint.weights[f"pi.{i}.weight"].T.astype(np.float32),
+                checkpoint.weights[f"pi.{i}.bias"].astype(np.float32),
+            )
             for i in range(len(self.spec.hidden) + 1)
-        ]  # fmt: skip
+        ]
         self._log_std = checkpoint.weights.get("log_std")
         self._activation = np.tanh if self.spec.activation == "tanh" else _relu
         space = self.spec.observation_space
@@ -64,8 +66,11 @@ class NumpyPolicy:
         else is :meth:`act` on a batch of one.
         """
         if self._box_width is None or self.spec.distribution != "categorical":
-            batch = np.asarray(observation)[None] if self._box_width is not None else (
-                _batch_of_one(observation))  # fmt: skip
+            batch = (
+                np.asarray(observation)[None]
+                if self._box_width is not None
+                else (_batch_of_one(observation))
+            )
             actions, logp = self.act(batch, rng, explore)
             return _first(actions), float(logp[0])
         x = np.asarray(observation, np.float32).reshape(self._box_width)
@@ -98,8 +103,7 @@ class NumpyPolicy:
             return _categorical(out, rng, explore, self._start)
         box = cast(gym.spaces.Box, self.spec.action_space)
         if self.spec.distribution == "gaussian":
-            log_std = np.broadcast_to(cast(np.ndarray, self._log_std).astype(np.float32),
-                                      out.shape)  # fmt: skip
+            log_std = np.broadcast_to(cast(np.ndarray, self._log_std).astype(np.float32), out.shape)
             mean = out
         else:
             mean, log_std = np.split(out, 2, axis=1)
@@ -159,8 +163,10 @@ def _check_shapes(checkpoint: Checkpoint) -> None:
         if got is None:
             raise DatasetError(f"checkpoint version {checkpoint.version}: no array '{name}'")
         if got.shape != shape:
-            raise DatasetError(f"checkpoint version {checkpoint.version}: array '{name}': "
-                               f"expected shape {shape}, got {got.shape}")  # fmt: skip
+            raise DatasetError(
+                f"checkpoint version {checkpoint.version}: array '{name}': "
+                f"expected shape {shape}, got {got.shape}"
+            )
 
 
 def _batch_of_one(observation: Any) -> Any:

@@ -28,12 +28,12 @@ class _Algorithm(NamedTuple):
 # PPO is on-policy: it learns only from its own versions, so online only, and from larger batches.
 # MARWIL's returns need whole episodes, not a replay buffer of live rows: offline only.
 _ALGORITHMS = {
-    "ppo":    _Algorithm("PPO",    online=True,  offline=False, batch_size=2048),
-    "sac":    _Algorithm("SAC",    online=True,  offline=True,  batch_size=256),
-    "bc":     _Algorithm("BC",     online=True,  offline=True,  batch_size=256),
-    "marwil": _Algorithm("MARWIL", online=False, offline=True,  batch_size=256),
-    "cql":    _Algorithm("CQL",    online=True,  offline=True,  batch_size=256),
-}  # fmt: skip
+    "ppo": _Algorithm("PPO", online=True, offline=False, batch_size=2048),
+    "sac": _Algorithm("SAC", online=True, offline=True, batch_size=256),
+    "bc": _Algorithm("BC", online=True, offline=True, batch_size=256),
+    "marwil": _Algorithm("MARWIL", online=False, offline=True, batch_size=256),
+    "cql": _Algorithm("CQL", online=True, offline=True, batch_size=256),
+}
 ALGORITHMS = tuple(_ALGORITHMS)
 ONLINE = tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.online)
 OFFLINE = tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.offline)
@@ -126,9 +126,12 @@ def run(args: argparse.Namespace) -> int:
     options = {"hidden": args.hidden, "lr": args.lr}
     options.update({_field(flag): getattr(args, _field(flag)) for flag, _, _ in _HYPERPARAMETERS})
     trainer = make_trainer(
-        args.algorithm, manifest.observation_space, manifest.action_space, seed=args.seed,
+        args.algorithm,
+        manifest.observation_space,
+        manifest.action_space,
+        seed=args.seed,
         **{name: value for name, value in options.items() if value is not None},
-    )  # fmt: skip
+    )
     log = RunLog(run_dir, f"{args.algorithm} {'online' if args.follow else 'offline'}")
     try:
         train = loop.train_online if args.follow else loop.train_offline
@@ -158,8 +161,12 @@ def make_trainer(
     fields = {field.name for field in dataclasses.fields(config_type)}
     unknown = sorted(set(options) - fields)
     if unknown:
-        raise ConfigError("train", unknown[0], f"an option of {config_type.__name__}",
-                          f"--{unknown[0].replace('_', '-')} given to {algorithm}")  # fmt: skip
+        raise ConfigError(
+            "train",
+            unknown[0],
+            f"an option of {config_type.__name__}",
+            f"--{unknown[0].replace('_', '-')} given to {algorithm}",
+        )
     trainer: Trainer = getattr(module, name)(
         observation_space, action_space, config_type(seed=seed, **options)
     )

@@ -192,8 +192,12 @@ class CQL:
         loss.backward()
         self.optimizer.step()
         _polyak(self.q, self.q_target, c.tau)
-        return {"loss": loss.item(), "td_loss": td_loss.item(), "cql_penalty": penalty.item(),
-                "q": q_data.mean().item()}  # fmt: skip
+        return {
+            "loss": loss.item(),
+            "td_loss": td_loss.item(),
+            "cql_penalty": penalty.item(),
+            "q": q_data.mean().item(),
+        }
 
     def _update_box(self, batch: Batch) -> dict[str, float]:
         c, n = self.config, self.config.num_actions
@@ -224,8 +228,13 @@ class CQL:
         self.critic_optimizer.step()
         metrics = self._actor_alpha_step(x, a)
         _polyak(self.critics, self.critics_target, c.tau)
-        return {"loss": loss.item(), "td_loss": td_loss.item(), "cql_penalty": penalty.item(),
-                "q": q_data[0].mean().item(), **metrics}  # fmt: skip
+        return {
+            "loss": loss.item(),
+            "td_loss": td_loss.item(),
+            "cql_penalty": penalty.item(),
+            "q": q_data[0].mean().item(),
+            **metrics,
+        }
 
     def _sample(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``n`` actions per row (rows, n, act_dim) and their log-densities, one actor pass."""
@@ -250,8 +259,11 @@ class CQL:
         self.alpha_optimizer.zero_grad()
         alpha_loss.backward()
         self.alpha_optimizer.step()
-        return {"actor_loss": actor_loss.item(), "alpha": alpha.item(),
-                "entropy": -logp.mean().item()}  # fmt: skip
+        return {
+            "actor_loss": actor_loss.item(),
+            "alpha": alpha.item(),
+            "entropy": -logp.mean().item(),
+        }
 
     def checkpoint(self, version: int) -> Checkpoint:
         """Box: the actor as a squashed-Gaussian policy, the critics riding along as ``q1.*`` and
@@ -266,8 +278,11 @@ class CQL:
         )
         if self.discrete:
             return Checkpoint(version, spec, export("pi", self.q))
-        weights = {**export("pi", self.actor), **self.critics.export("q1", 0),
-                   **self.critics.export("q2", 1)}  # fmt: skip
+        weights = {
+            **export("pi", self.actor),
+            **self.critics.export("q1", 0),
+            **self.critics.export("q2", 1),
+        }
         return Checkpoint(version, spec, weights)
 
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -98,8 +98,9 @@ class LoopSettings:
             try:  # fail now, not at the first evaluation minutes into a run
                 gym.spec(self.env_id)
             except gym.error.Error as error:
-                raise ConfigError("train", "env", "a registered gymnasium id",
-                                  f"{self.env_id} ({error})") from None  # fmt: skip
+                raise ConfigError(
+                    "train", "env", "a registered gymnasium id", f"{self.env_id} ({error})"
+                ) from None
         if not isinstance(self.include_untrained, bool):
             raise ConfigError("train", "include_untrained", "a bool", self.include_untrained)
 
@@ -243,10 +244,16 @@ def _online_rollouts(run: _Run, trainer: OnPolicy, entry: dict[str, Any]) -> dic
         pending, rows, run.updates, trained = [], 0, run.updates + 1, trained + len(newest)
         score = returns.mean() if returns.full else None  # a mean of 20, or none yet
         entry = run.publish(
-            {"env_steps": env_steps, "rows": len(newest), "skipped_rows": env_steps - trained,
-             "episodes": returns.count, "episode_return": score, **metrics},
+            {
+                "env_steps": env_steps,
+                "rows": len(newest),
+                "skipped_rows": env_steps - trained,
+                "episodes": returns.count,
+                "episode_return": score,
+                **metrics,
+            },
             evaluate=run.updates % s.eval_every == 0,
-        )  # fmt: skip
+        )
         if run.finished(score):
             break
     return entry

@@ -200,9 +200,12 @@ class PPO:
         metrics = {key: value / steps for key, value in sums.items()}
         versions = np.asarray(batch.policy_versions, np.float64)
         lags = self.version - versions[versions >= 0]  # -1: acted before any checkpoint
-        return {**metrics, "fresh_fraction": fresh.mean().item(),
-                "rho": (rho.sum() / fresh.sum().clamp(min=1.0)).item(),
-                "policy_lag": float(lags.mean()) if len(lags) else 0.0}  # fmt: skip
+        return {
+            **metrics,
+            "fresh_fraction": fresh.mean().item(),
+            "rho": (rho.sum() / fresh.sum().clamp(min=1.0)).item(),
+            "policy_lag": float(lags.mean()) if len(lags) else 0.0,
+        }
 
     def _minibatch(
         self, columns: tuple[torch.Tensor, ...], clip: float, sums: dict[str, float] | None
@@ -239,9 +242,14 @@ class PPO:
         with torch.no_grad():
             approx_kl = (((ratio - 1) - log_ratio) * fresh).sum() / count
             clipfrac = (((ratio - 1).abs() > clip).float() * fresh).sum() / count
-        values = {"loss": loss, "policy_loss": policy_loss, "value_loss": value_loss,
-                  "entropy": entropy_loss, "approx_kl": approx_kl,
-                  "clipfrac": clipfrac}  # fmt: skip
+        values = {
+            "loss": loss,
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "entropy": entropy_loss,
+            "approx_kl": approx_kl,
+            "clipfrac": clipfrac,
+        }
         for key, value in values.items():
             sums[key] = sums.get(key, 0.0) + value.item()
 

@@ -165,8 +165,12 @@ class SAC:
         metrics = self.actor_alpha_step(t["x"])
         self.soft_update()
         self.updates += 1
-        return {"loss": critic_loss.item(), "critic_loss": critic_loss.item(),
-                "q": q1.mean().item(), **metrics}  # fmt: skip
+        return {
+            "loss": critic_loss.item(),
+            "critic_loss": critic_loss.item(),
+            "q": q1.mean().item(),
+            **metrics,
+        }
 
     def checkpoint(self, version: int) -> Checkpoint:
         """The actor as a squashed-Gaussian policy (``pi.*``), the critics riding along."""
@@ -182,8 +186,10 @@ class SAC:
         return Checkpoint(version, spec, weights)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        arrays = {"log_alpha": self.log_alpha.detach().numpy().copy(),
-                  "updates": np.asarray(self.updates)}  # fmt: skip
+        arrays = {
+            "log_alpha": self.log_alpha.detach().numpy().copy(),
+            "updates": np.asarray(self.updates),
+        }
         for name in _MODULES:
             arrays.update(state.module_arrays(name, getattr(self, name)))
         for name in _OPTIMIZERS:
