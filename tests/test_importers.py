@@ -308,3 +308,117 @@ def test_normalized_actions_need_a_bounded_box(tmp_path: Path) -> None:
         write_dataset(steps(["a", "a"], dones=[False, True]), tmp_path / "ds",
                       env_id="CartPole-v1", actions_normalized=True)  # fmt: skip
     assert not (tmp_path / "ds").exists()
+
+
+def sample_batch(*keys: int, **extra: list[Any]) -> str:
+    """One SampleBatch JSON line of one-step episodes with 2-float observations."""
+    n = len(keys)
+    batch = {"type": "SampleBatch", "eps_id": list(keys), "obs": [[0.0, 1.0]] * n,
+             "new_obs": [[1.0, 0.0]] * n, "actions": [0] * n, "rewards": [1.0] * n,
+             "dones": [True] * n, **extra}  # fmt: skip
+    return json.dumps(batch) + "\n"
+
+
+def test_rllib_json_takes_a_glob_pattern_as_rllibs_json_reader_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "out"
+    (src / "nested").mkdir(parents=True)
+    (src / "a.json").write_text(sample_batch(1, 2))
+    (src / "b.json").write_text(sample_batch(3))
+    (src / "nested" / "c.json").write_text(sample_batch(4))
+    for name in ("notes.txt", ".partial.json"):  # not matched: reading them would fail
+        (src / name).write_text("not a SampleBatch\n")
+    assert main(["import", "rllib-json", f"{src}/*.json", str(tmp_path / "ds")]) == 0
+    assert "imported 3 steps in 3 episodes" in capsys.readouterr().out
+    assert sorted(episodes_table(tmp_path / "ds")) == ["1", "2", "3"]
+    assert main(["import", "rllib-json", f"{src}/*/?.json", str(tmp_path / "ds2")]) == 0
+    assert "imported 1 steps in 1 episodes" in capsys.readouterr().out
+    # a pattern left unquoted reaches rlpipe as the shell expanded it: one word on what to do
+    expanded = sorted(str(path) for path in src.glob("*.json"))
+    assert main(["import", "rllib-json", *expanded, str(tmp_path / "ds3")]) == 2
+    assert capsys.readouterr().err == (
+        "rlpipe import: import.src: expected one file, directory or glob pattern (quote a "
+        f"pattern, 'DIR/*.json', or the shell expands it), got '{' '.join(expanded)}'\n"
+    )
+    assert not (tmp_path / "ds3").exists()
+
+
+def test_a_glob_pattern_that_matches_nothing_is_named(tmp_path: Path) -> None:
+    from pipeline.importers.rllib import read_sample_batches
+
+    with pytest.raises(DatasetError, match=re.escape(f"{tmp_path}/*.json: no files match")):
+        read_sample_batches(f"{tmp_path}/*.json")
+    with pytest.raises(DatasetError, match=re.escape(f"no such directory {tmp_path}/absent")):
+        read_sample_batches(f"{tmp_path}/absent/*.json")
+
+
+@needs_anchor
+def test_rllib_json_glob_over_rllibs_recordings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``cartpole/l*.json`` is large.json alone; ``cartpole/*.json`` adds small.json, which RLlib
+    recorded with other columns: refused, naming both files and the columns."""
+    large = source_figures("rllib-json", ANCHOR / "cartpole/large.json")
+    argv = ["import", "rllib-json", f"{ANCHOR}/cartpole/l*.json", str(tmp_path / "ds")]
+    assert main([*argv, "--env", "CartPole-v1"]) == 0
+    assert f"imported {large['steps']} steps in {len(large['lengths'])} episodes" in (
+        capsys.readouterr().out
+    )
+    from pipeline.importers.rllib import read_sample_batches
+
+    message = (
+        f"{ANCHOR}/cartpole/small.json:1: its columns differ from those of "
+        f"{ANCHOR}/cartpole/large.json:1: missing ['action_logp'], extra ['agent_index', 't'] "
+        "(every SampleBatch of a source must hold the same columns)"
+    )
+    with pytest.raises(DatasetError, match=re.escape(message)):
+        read_sample_batches(f"{ANCHOR}/cartpole/*.json")
+
+
+def test_sample_batches_with_different_columns_name_the_file_and_the_column(
+    tmp_path: Path,
+) -> None:
+    from pipeline.importers.rllib import read_sample_batches
+
+    src = tmp_path.resolve() / "out"
+    src.mkdir()
+    (src / "a.json").write_text(sample_batch(1, action_logp=[-0.5]))
+    (src / "b.json").write_text(sample_batch(2))
+    message = (
+        f"{src}/b.json:1: its columns differ from those of {src}/a.json:1: missing "
+        "['action_logp'] (every SampleBatch of a source must hold the same columns)"
+    )
+    with pytest.raises(DatasetError, match=re.escape(message)):
+        read_sample_batches(src)
+    (src / "a.json").write_text(sample_batch(1, 2, action_logp=[-0.5]))
+    message = f"{src}/a.json:1: columns differ in length: 'eps_id' has 2 rows, 'action_logp' has 1"
+    with pytest.raises(DatasetError, match=re.escape(message)):
+        read_sample_batches(src)
+
+
+@pytest.mark.parametrize("file_format", ["json", "parquet"])
+def test_ray_data_files_with_different_columns_name_the_file_and_the_column(
+    tmp_path: Path, file_format: str
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.importers.rllib import read_ray_data
+
+    src = tmp_path.resolve() / "out"
+    src.mkdir()
+    row = {"eps_id": 1, "obs": [0.0], "new_obs": [1.0], "actions": 0, "rewards": 1.0,
+           "dones": True}  # fmt: skip
+    for name, extra in (("a", {}), ("b", {"action_logp": -0.5, "t": 0})):
+        path = src / f"{name}.{file_format}"
+        if file_format == "json":
+            path.write_text(json.dumps({**row, **extra, "eps_id": name}) + "\n")
+        else:
+            pq.write_table(pa.Table.from_pylist([{**row, **extra, "eps_id": name}]), path)
+    message = (
+        f"{src}/b.{file_format}: its columns differ from those of {src}/a.{file_format}: extra "
+        "['action_logp', 't'] (every file of a source must hold the same columns)"
+    )
+    with pytest.raises(DatasetError, match=re.escape(message)):
+        read_ray_data(src, file_format)

@@ -218,3 +218,34 @@ def test_d4rl_missing_datasets_are_named(tmp_path: Path) -> None:
         DatasetError, match=re.escape("missing D4RL datasets ['actions', 'rewards', 'terminals']")
     ):
         read_d4rl(src)
+
+
+def test_table_files_with_different_columns_name_the_file_and_the_column(tmp_path: Path) -> None:
+    from pipeline.importers.table import read_table
+
+    src = tmp_path.resolve() / "steps"
+    src.mkdir()
+    table = frame(rollouts(2))
+    first, second = table[table.episode_id == "e0"], table[table.episode_id == "e1"]
+    first.to_parquet(src / "0.parquet")
+    second.drop(columns=["truncated"]).assign(notes="ignored").to_parquet(src / "1.parquet")
+    message = (
+        f"{src}/1.parquet: its columns differ from those of {src}/0.parquet: missing "
+        "['truncated'] (every file of a source must hold the same columns)"
+    )
+    with pytest.raises(DatasetError, match=re.escape(message)):
+        read_table(src)
+
+
+def test_table_glob_of_csv_files(tmp_path: Path) -> None:
+    episodes = rollouts()
+    table = frame(episodes)
+    for name in ("observation", "next_observation"):
+        spread = pd.DataFrame(table.pop(name).tolist()).add_prefix(f"{name}_")
+        table = pd.concat([table, spread], axis=1)
+    for index, (_, rows) in enumerate(table.groupby("episode_id", sort=True)):
+        rows.to_csv(tmp_path / f"steps-{index}.csv", index=False)
+    (tmp_path / "README.md").write_text("not a table\n")
+    argv = ["import", "table", f"{tmp_path}/steps-*.csv", str(tmp_path / "ds")]
+    assert main([*argv, "--env", "CartPole-v1"]) == 0
+    check(tmp_path / "ds", episodes, "CartPole-v1")

@@ -20,13 +20,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="import RLlib, Minari, D4RL or table data into a new dataset",
         description=(
             "Import a recording into a new rlpipe dataset. FORMAT is one of: rllib-json (old "
-            "SampleBatch JSON lines; a file, a directory or a zip), rllib-jsonl and rllib-parquet "
-            "(Ray Data output directories), minari (a Minari dataset directory or its "
-            "main_data.hdf5), d4rl (an HDF5 file), table (CSV or Parquet)."
+            "SampleBatch JSON lines; a file, a directory, a glob pattern such as 'DIR/*.json' as "
+            "RLlib's JsonReader takes, or a zip), rllib-jsonl and rllib-parquet (Ray Data output "
+            "directories), minari (a Minari dataset directory or its main_data.hdf5), d4rl (an "
+            "HDF5 file), table (CSV or Parquet). Every file of a source must hold the same "
+            "columns."
         ),
     )
     parser.add_argument("format", choices=FORMATS, metavar="FORMAT", help=", ".join(FORMATS))
-    parser.add_argument("src", metavar="SRC", help="the file or directory to import")
+    parser.add_argument(
+        "src",
+        metavar="SRC",
+        nargs="+",  # so a pattern the shell expanded gets a word on quoting, not a usage error
+        help="the file, directory or glob pattern to import (rllib-*, table; quote a pattern, "
+        "'DIR/*.json', so the shell leaves it to rlpipe)",
+    )
     parser.add_argument("dir", metavar="DIR", help="the new dataset directory")
     parser.add_argument(
         "--env",
@@ -56,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_episode_steps is not None and args.max_episode_steps < 1:
         raise ConfigError("import", "max_episode_steps", "an integer >= 1", args.max_episode_steps)
-    steps, env_hint = _readers()[args.format](args.src)
+    if len(args.src) > 1:
+        shown = " ".join(args.src[:3]) + (" ..." if len(args.src) > 3 else "")
+        expected = "one file, directory or glob pattern (quote a pattern, 'DIR/*.json', or the "
+        raise ConfigError("import", "src", expected + "shell expands it)", shown)
+    steps, env_hint = _readers()[args.format](args.src[0])
     env_id = args.env_id or env_hint
     observation_space = action_space = None
     if args.env_id is None and env_hint is not None:

@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 
 from pipeline.errors import DatasetError
 from pipeline.format import layout
+from pipeline.importers.files import column_difference, data_files, open_dataset
 from pipeline.importers.transitions import SourceSteps, arrow_to_numpy
 from pipeline.importers.unpickler import load_ndarray
 
@@ -50,13 +49,26 @@ _LZ4_MAGIC = b"\x04\x22\x4d\x18"
 
 
 def read_sample_batches(src: str | Path) -> SourceSteps:
-    """Old-style RLlib output: a JSON-lines file of SampleBatches, a directory of them, or a zip."""
+    """Old-style RLlib output: a JSON-lines file of SampleBatches, or a directory, a glob pattern
+    (``DIR/*.json``) or a zip of them, as RLlib's ``JsonReader`` takes them.
+
+    Raises:
+        DatasetError: naming the line, when a batch's columns differ in length or from those of
+            the first batch.
+    """
     pieces: dict[str, list[np.ndarray]] = {}
+    first: tuple[str, list[str]] | None = None
     for where, line in _lines(src):
         batch = _parse_line(line, where)
-        for name in COLUMNS:
-            if name in batch:
-                pieces.setdefault(name, []).append(_column(batch[name], f"{where}: '{name}'"))
+        names = [name for name in COLUMNS if name in batch]
+        if first is None:
+            first = (where, names)
+        elif (error := column_difference(where, names, *first, "SampleBatch")) is not None:
+            raise error
+        columns = {name: _column(batch[name], f"{where}: '{name}'") for name in names}
+        _check_lengths(columns, where)
+        for name, values in columns.items():
+            pieces.setdefault(name, []).append(values)
     if "eps_id" not in pieces:
         raise DatasetError(f"{src}: no SampleBatch lines found")
     columns = {name: np.concatenate(parts) for name, parts in pieces.items()}
@@ -65,9 +77,7 @@ def read_sample_batches(src: str | Path) -> SourceSteps:
 
 def read_ray_data(src: str | Path, file_format: str) -> SourceSteps:
     """New-style RLlib output written by Ray Data: ``file_format`` is "json" or "parquet"."""
-    filesystem, root = layout.resolve(src)
-    paths = _data_files(filesystem, root, src)
-    dataset = ds.dataset(paths, format=file_format, filesystem=filesystem)
+    dataset = open_dataset(src, file_format, COLUMNS.__contains__)
     wanted = [name for name in COLUMNS if name in dataset.schema.names]
     try:
         table = dataset.to_table(columns=wanted)
@@ -92,12 +102,8 @@ def to_source_steps(columns: dict[str, np.ndarray], where: str) -> SourceSteps:
 
 
 def _lines(src: str | Path) -> Iterator[tuple[str, str]]:
-    """(where, line) for every non-blank line of every JSON file in ``src``, in name order."""
-    filesystem, root = layout.resolve(src)
-    info = filesystem.get_file_info(root)
-    if info.type == pafs.FileType.NotFound:
-        raise DatasetError(f"{src}: no such file or directory")
-    paths = [root] if info.type == pafs.FileType.File else _data_files(filesystem, root, src)
+    """(where, line) for every non-blank line of every file ``src`` names, in name order."""
+    filesystem, paths = data_files(src)
     for path in paths:
         with filesystem.open_input_file(path) as handle:
             data = handle.read()
@@ -129,6 +135,18 @@ def _parse_line(line: str, where: str) -> dict[str, Any]:
     return batch
 
 
+def _check_lengths(columns: dict[str, np.ndarray], where: str) -> None:
+    if not columns:
+        return
+    name, values = next(iter(columns.items()))
+    n = len(values)
+    wrong = [f"'{other}' has {len(v)}" for other, v in columns.items() if len(v) != n]
+    if wrong:
+        raise DatasetError(
+            f"{where}: columns differ in length: '{name}' has {n} rows, " + ", ".join(wrong)
+        )
+
+
 def _column(value: Any, where: str) -> np.ndarray:
     """A SampleBatch column: a plain list, or base64 of LZ4 of a pickled ndarray."""
     if not isinstance(value, str):
@@ -146,22 +164,3 @@ def _column(value: Any, where: str) -> np.ndarray:
             f"{where}: packed (LZ4) columns need the lz4 package: pip install lz4"
         ) from None
     return load_ndarray(lz4.frame.decompress(packed), where)
-
-
-def _data_files(filesystem: pafs.FileSystem, root: str, src: str | Path) -> list[str]:
-    """A file itself, or a directory's files (skipping ``.`` and ``_`` names), in name order."""
-    info = filesystem.get_file_info(root)
-    if info.type == pafs.FileType.File:
-        return [root]
-    if info.type != pafs.FileType.Directory:
-        raise DatasetError(f"{src}: no such file or directory")
-    selector = pafs.FileSelector(root, recursive=True)
-    paths = sorted(
-        entry.path
-        for entry in filesystem.get_file_info(selector)
-        if entry.type == pafs.FileType.File
-        and not any(part.startswith((".", "_")) for part in entry.path[len(root) + 1 :].split("/"))
-    )
-    if not paths:
-        raise DatasetError(f"{src}: an empty directory")
-    return paths

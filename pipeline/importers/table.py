@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from pipeline.errors import DatasetError
 from pipeline.format import layout
+from pipeline.importers.files import open_dataset
 from pipeline.importers.transitions import ImportSummary, SourceSteps, arrow_to_numpy, write_dataset
 
 COLUMNS = {
@@ -36,6 +36,7 @@ COLUMNS = {
 }
 REQUIRED = ("episode_id", "observation", "action", "reward", "next_observation")
 _SUFFIXES = (".csv", ".parquet", ".pq")
+_NUMBERED = re.compile(rf"^({'|'.join(COLUMNS)})_\d+$")
 
 
 def import_dataframe(
@@ -52,16 +53,18 @@ def import_dataframe(
 
 
 def read_table(src: str | Path) -> SourceSteps:
-    """A CSV or Parquet file, or a directory of Parquet files, as source steps."""
-    filesystem, root = layout.resolve(src)
-    suffix = Path(root).suffix.lower()
+    """A CSV or Parquet file, or a directory or glob pattern of them, as source steps.
+
+    Raises:
+        DatasetError: naming the file and the column, when the files differ in their columns.
+    """
+    suffix = Path(str(src)).suffix.lower()
     file_format = "csv" if suffix == ".csv" else "parquet"
     if suffix and suffix not in _SUFFIXES:
         raise DatasetError(f"{src}: expected a .csv or .parquet file, got {suffix}")
+    dataset = open_dataset(src, file_format, _relevant)
     try:
-        table = ds.dataset(root, format=file_format, filesystem=filesystem).to_table()
-    except FileNotFoundError:
-        raise DatasetError(f"{src}: no such file or directory") from None
+        table = dataset.to_table()
     except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
         raise DatasetError(f"{src}: unreadable as {file_format} ({error})") from None
     return table_to_steps(table, str(src))
@@ -81,6 +84,11 @@ def table_to_steps(table: pa.Table, where: str) -> SourceSteps:
             "be spread over numbered columns such as observation_0, observation_1, ...)"
         )
     return SourceSteps(**columns)
+
+
+def _relevant(column: str) -> bool:
+    """A column :func:`table_to_steps` reads: one it names, or a numbered part of one."""
+    return column in COLUMNS or _NUMBERED.match(column) is not None
 
 
 def _gather(table: pa.Table, name: str, where: str) -> np.ndarray | None:
