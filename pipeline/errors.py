@@ -16,7 +16,8 @@ module that noticed::
         └── ServerUnavailable   no answer, or 503 for longer than the client's timeout
 
 Configs and data errors also subclass ``ValueError``, so code that already catches ``ValueError``
-keeps working.
+keeps working. What rlpipe does as asked but doubts was meant is a :class:`RlpipeWarning`, which
+the ``rlpipe`` command prints as one line.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from dataclasses import dataclass
 
 class RlpipeError(Exception):
     """Base of every error rlpipe raises on purpose."""
+
+
+class RlpipeWarning(UserWarning):
+    """Done as asked, but likely not what was meant; the message says what to pass instead."""
 
 
 class ConfigError(RlpipeError, ValueError):

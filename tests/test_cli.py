@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +24,25 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
         main(["no-such-command"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'no-such-command'" in capsys.readouterr().err
+
+
+def test_our_warnings_print_as_one_line_like_our_errors(tmp_path: Path) -> None:
+    """A warning rlpipe gives (here: actions that look normalized) reads as the command's own
+    line, not as Python's file:line report with a source excerpt."""
+    observations = [[1.0, 0.0, 0.0]] * 2
+    batch = {"type": "SampleBatch", "eps_id": [7, 7], "obs": observations}
+    batch |= {"new_obs": observations, "actions": [[0.5], [-0.5]], "rewards": [0.0, 0.0]}
+    batch["dones"] = [False, True]
+    src = tmp_path / "pendulum.json"
+    src.write_text(json.dumps(batch) + "\n")
+    argv = ["import", "rllib-json", str(src), str(tmp_path / "ds"), "--env", "Pendulum-v1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", *argv], capture_output=True, text=True, check=True
+    )
+    assert result.stderr == (
+        "rlpipe import: warning: actions: all 2 imported actions lie in [-1, 1] while the action "
+        "space is Box(-2.0, 2.0, (1,), float32); if the source logged them normalized (RLlib's "
+        "actions_in_input_normalized), import with --actions-normalized "
+        "(actions_normalized=True) to store them in the space's units\n"
+    )
+    assert result.stdout.startswith("imported 2 steps in 1 episodes")

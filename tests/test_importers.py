@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import lz4.frame
 import numpy as np
 import pyarrow.dataset as ds
@@ -22,7 +23,7 @@ import pytest
 
 from pipeline import InputReader, read_manifest
 from pipeline.commands.cli import main
-from pipeline.errors import DatasetError
+from pipeline.errors import DatasetError, RlpipeWarning
 from pipeline.importers.transitions import SourceSteps, split_episodes
 from pipeline.importers.unpickler import load_ndarray
 
@@ -42,6 +43,9 @@ SOURCES = [
     ("rllib-parquet", "pendulum/pendulum-v1_large", "Pendulum-v1", None, (0, 30)),
     ("rllib-parquet", "pendulum/pendulum-v1_enormous", "Pendulum-v1", None, (0, 82)),
 ]
+
+# Pendulum recordings whose actions all lie in [-1, 1] while Pendulum's torque spans [-2, 2]
+NORMALIZED = {"pendulum/small.json", "pendulum/enormous.zip", "pendulum/pendulum-v1_enormous"}
 
 
 def source_figures(fmt: str, src: Path) -> dict[str, Any]:
@@ -98,7 +102,11 @@ def test_import_of_rllib_recordings_keeps_counts_and_returns_exactly(
     src, dest = ANCHOR / source, tmp_path / "ds"
     argv = ["import", fmt, str(src), str(dest), "--env", env_id]
     argv += ["--max-episode-steps", str(limit)] if limit else []
-    assert main(argv) == 0
+    if source in NORMALIZED:  # counts and returns do not depend on the flag: leave it out
+        with pytest.warns(RlpipeWarning, match=re.escape("import with --actions-normalized")):
+            assert main(argv) == 0
+    else:
+        assert main(argv) == 0
     expected = source_figures(fmt, src)
     assert f"imported {expected['steps']} steps in {len(expected['lengths'])} episodes" in (
         capsys.readouterr().out
@@ -289,7 +297,12 @@ def test_normalized_actions_are_stored_as_the_torque_the_env_applied(tmp_path: P
     src = str(ANCHOR / "pendulum/pendulum-v1_enormous")
     for flag, scale in (["--actions-normalized"], 1.0), ([], 0.5):
         out = tmp_path / f"ds{len(flag)}"
-        assert main(["import", "rllib-parquet", src, str(out), "--env", "Pendulum-v1", *flag]) == 0
+        argv = ["import", "rllib-parquet", src, str(out), "--env", "Pendulum-v1", *flag]
+        if flag:
+            assert main(argv) == 0
+        else:  # without the flag: stored at half the torque, and the import says so
+            with pytest.warns(RlpipeWarning, match=re.escape("all 16231 imported actions lie in")):
+                assert main(argv) == 0
         batch = next(iter(InputReader(out, batch_size=100_000)))
         _, sin, speed = batch.observations.T
         next_speed = batch.next_observations[:, 2]
@@ -422,3 +435,38 @@ def test_ray_data_files_with_different_columns_name_the_file_and_the_column(
     )
     with pytest.raises(DatasetError, match=re.escape(message)):
         read_ray_data(src, file_format)
+
+
+def pendulum_steps(actions: list[float]) -> SourceSteps:
+    n = len(actions)
+    return SourceSteps(
+        episode_keys=np.zeros(n, dtype=np.int64),
+        observations=np.zeros((n, 3), dtype=np.float32),
+        actions=np.asarray(actions, dtype=np.float64).reshape(n, 1),
+        rewards=np.zeros(n),
+        next_observations=np.zeros((n, 3), dtype=np.float32),
+    )
+
+
+def test_actions_that_look_normalized_are_warned_about(tmp_path: Path) -> None:
+    """Every action in [-1, 1], Pendulum's torque in [-2, 2]: the warning names the flag."""
+    from pipeline.importers.transitions import write_dataset
+
+    message = (
+        "actions: all 3 imported actions lie in [-1, 1] while the action space is "
+        "Box(-2.0, 2.0, (1,), float32); if the source logged them normalized (RLlib's "
+        "actions_in_input_normalized), import with --actions-normalized "
+        "(actions_normalized=True) to store them in the space's units"
+    )
+    with pytest.warns(RlpipeWarning, match=re.escape(message)) as caught:
+        write_dataset(pendulum_steps([-1.0, 0.25, 1.0]), tmp_path / "a", env_id="Pendulum-v1")
+    assert caught[0].filename == __file__  # it points at the caller's line
+    # no warning (filterwarnings=error would fail these): the flag given, an action outside
+    # [-1, 1], no bounds to tell (the spaces inferred from the data), a space within [-1, 1]
+    one = pendulum_steps([0.5])
+    write_dataset(one, tmp_path / "b", env_id="Pendulum-v1", actions_normalized=True)
+    write_dataset(pendulum_steps([0.5, -1.5]), tmp_path / "c", env_id="Pendulum-v1")
+    write_dataset(one, tmp_path / "d")
+    anything = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    unit = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    write_dataset(one, tmp_path / "e", observation_space=anything, action_space=unit)

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipeline import layout
 from pipeline.errors import DatasetError
+from pipeline.format import layout
 
 _MAGIC = re.compile(r"[*?[]")
 

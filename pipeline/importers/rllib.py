@@ -24,7 +24,6 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import DatasetError
-from pipeline.format import layout
 from pipeline.importers.files import column_difference, data_files, open_dataset
 from pipeline.importers.transitions import SourceSteps, arrow_to_numpy
 from pipeline.importers.unpickler import load_ndarray

@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import DatasetError
-from pipeline.format import layout
 from pipeline.importers.files import open_dataset
 from pipeline.importers.transitions import ImportSummary, SourceSteps, arrow_to_numpy, write_dataset
 
@@ -45,11 +44,19 @@ def import_dataframe(
     *,
     env_id: str | None = None,
     max_episode_steps: int | None = None,
+    actions_normalized: bool = False,
 ) -> ImportSummary:
-    """Import a pandas DataFrame with named columns as a new dataset at ``path``."""
+    """Import a pandas DataFrame with named columns as a new dataset at ``path``
+    (the keywords are :func:`~pipeline.importers.transitions.write_dataset`'s)."""
     table = pa.Table.from_pandas(frame, preserve_index=False)
     steps = table_to_steps(table, "DataFrame")
-    return write_dataset(steps, path, env_id=env_id, max_episode_steps=max_episode_steps)
+    return write_dataset(
+        steps,
+        path,
+        env_id=env_id,
+        max_episode_steps=max_episode_steps,
+        actions_normalized=actions_normalized,
+    )
 
 
 def read_table(src: str | Path) -> SourceSteps:

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
 from pipeline.dataset.writer import DatasetWriter
-from pipeline.errors import ConfigError, DatasetError
+from pipeline.errors import ConfigError, DatasetError, RlpipeWarning
 from pipeline.format import layout
 
 _CHUNK_ROWS = 65_536
@@ -155,6 +156,10 @@ def write_dataset(
     says the source logged Box actions scaled to [-1, 1] (RLlib's ``actions_in_input_normalized``
     recordings); they are stored in the action space's own units, as the env applied them.
 
+    Warns:
+        RlpipeWarning: when every action lies in [-1, 1] and the bounded Box action space is wider
+            while ``actions_normalized`` is False: the actions may be normalized.
+
     Raises:
         DatasetError: when ``path`` already holds a dataset (an import never appends).
         SchemaError: when the data does not fit the spaces.
@@ -169,6 +174,8 @@ def write_dataset(
         )
     if actions_normalized:
         steps = dataclasses.replace(steps, actions=denormalize(steps.actions, action_space))
+    else:
+        _warn_if_normalized(steps.actions, action_space)
     limit = max_episode_steps if max_episode_steps is not None else time_limit(env_id)
     episodes = split_episodes(steps, limit)
     returns = _returns(steps.rewards[episodes.order], episodes)
@@ -194,15 +201,37 @@ def denormalize(actions: np.ndarray, space: gym.Space[Any]) -> np.ndarray:
     Raises:
         ConfigError: when the action space is not a Box with finite bounds.
     """
-    if not isinstance(space, gym.spaces.Box) or not (
-        np.isfinite(space.low).all() and np.isfinite(space.high).all()
-    ):
-        raise ConfigError(
-            "import", "actions_normalized", "a Box action space with finite bounds", str(space)
-        )
+    if not _bounded_box(space):
+        raise ConfigError("import", "actions_normalized", "a Box action space with finite bounds",
+                          str(space))  # fmt: skip
     low, high = space.low, space.high
     scaled = low + (np.asarray(actions, np.float64) + 1.0) * (high - low) / 2.0
     return np.clip(scaled, low, high).astype(space.dtype)
+
+
+def _bounded_box(space: gym.Space[Any]) -> TypeGuard[gym.spaces.Box]:
+    return isinstance(space, gym.spaces.Box) and bool(
+        np.isfinite(space.low).all() and np.isfinite(space.high).all()
+    )
+
+
+def _warn_if_normalized(actions: np.ndarray, space: gym.Space[Any]) -> None:
+    """RLlib logs Box actions in [-1, 1] when its policy acted normalized (its recorded Pendulum
+    data does); taken as the env's units they would be a fraction of what the env applied."""
+    if not _bounded_box(space) or not len(actions):
+        return
+    if (space.low >= -1).all() and (space.high <= 1).all():
+        return  # the space itself lies in [-1, 1]: nothing to tell apart
+    values = np.asarray(actions, dtype=np.float64)
+    if values.min() >= -1.0 and values.max() <= 1.0:
+        warnings.warn(
+            f"actions: all {len(values)} imported actions lie in [-1, 1] while the action space "
+            f"is {space}; if the source logged them normalized (RLlib's "
+            "actions_in_input_normalized), import with --actions-normalized "
+            "(actions_normalized=True) to store them in the space's units",
+            RlpipeWarning,
+            stacklevel=3,
+        )
 
 
 def split_episodes(steps: SourceSteps, max_episode_steps: int | None) -> _Episodes:
