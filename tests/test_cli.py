@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from pipeline.commands.cli import main
@@ -46,3 +50,24 @@ def test_our_warnings_print_as_one_line_like_our_errors(tmp_path: Path) -> None:
         "(actions_normalized=True) to store them in the space's units\n"
     )
     assert result.stdout.startswith("imported 2 steps in 1 episodes")
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/protocol.md"])
+def test_the_documented_spaces_file_is_one_rlpipe_serve_reads(tmp_path: Path, doc: str) -> None:
+    """The --spaces example of the README and the protocol, read as ``rlpipe serve`` reads it."""
+    from pipeline.commands.cli import build_parser
+    from server.command import _config
+
+    text = (Path(__file__).resolve().parents[1] / doc).read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, flags=re.DOTALL)
+    examples = [block for block in blocks if '"observation_space"' in block]
+    assert len(examples) == 1, f"{doc}: expected one spaces file example, found {len(examples)}"
+    spaces_file = tmp_path / "spaces.json"
+    spaces_file.write_text(textwrap.dedent(examples[0]))
+    args = build_parser().parse_args(
+        ["serve", "--data", str(tmp_path), "--spaces", str(spaces_file)]
+    )
+    config = _config(args)
+    assert config.observation_space == gym.spaces.Box(0.0, np.inf, (4,), np.float32)
+    assert config.action_space == gym.spaces.Discrete(3)
+    assert config.env_id == "Crossroads-v0"
