@@ -18,8 +18,8 @@ from flask import Flask, Response, current_app, g, jsonify, request
 
 from pipeline.format import spaces
 from server import errors, handlers, openapi
+from server.bodies import parse_json
 from server.config import ServerConfig
-from server.messages import parse_json
 from server.service import ACT, END, LOG, Service
 from server.weights import weights_response
 from server.wsgi import FastPath

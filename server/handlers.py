@@ -18,6 +18,7 @@ import pyarrow as pa
 from pipeline.format import layout
 from pipeline.recording.recorder import Episode
 from server import errors, replays
+from server.bodies import parse_json
 from server.columns import (
     TERMINATED,
     TRUNCATED,
@@ -31,11 +32,11 @@ from server.errors import ApiError
 from server.messages import (
     ARROW_TYPE,
     checked_observations,
+    client_id_of,
     column_batch,
     episode_id_of,
     optional_bool,
     optional_int,
-    parse_json,
     parse_returns,
     parse_step,
     rows_as_columns,
@@ -85,7 +86,7 @@ def _episode(service: Service, episode_id: str, doc: dict[str, Any],
              remote_addr: str | None) -> Episode:  # fmt: skip
     return Episode(
         episode_id=episode_id,
-        client_id=str(doc.get("client_id") or remote_addr or ""),
+        client_id=client_id_of(doc.get("client_id")) or remote_addr or "",
         training_enabled=optional_bool(doc, "training_enabled", True),
         seed=optional_int(doc, "seed"),
         reset_options=doc.get("options"),

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
-import orjson
 import pyarrow as pa
 
 from pipeline.errors import SchemaError
@@ -21,7 +20,6 @@ from pipeline.format import codec, layout, spaces
 from server.columns import TERMINATED, TRUNCATED, ColumnStep
 from server.errors import ApiError, bad_request
 
-JSON_TYPE = "application/json"
 ARROW_TYPE = "application/vnd.apache.arrow.stream"
 
 
@@ -36,53 +34,6 @@ class StepInput:
     infos: dict[str, Any] = field(default_factory=dict)
     dones: dict[str, bool] = field(default_factory=dict)
     actions: dict[str, Any] = field(default_factory=dict)
-
-
-def parse_json(body: bytes, content_type: str | None) -> dict[str, Any]:
-    """The body as a JSON object; NaN and Infinity are refused here, wherever they hide."""
-    if (content_type or "").split(";")[0].strip() != JSON_TYPE:
-        raise ApiError(415, f"Content-Type: expected {JSON_TYPE}, got {content_type or 'none'}")
-    try:  # orjson parses a step's body in a fifth of the time; what it refuses, json explains
-        return _object(orjson.loads(body or b"{}"))
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        doc = json.loads(body or b"{}", parse_constant=_refuse_constant)
-    except _NonFinite:
-        doc = json.loads(body)  # NaN and Infinity read this time, to name where they are
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ApiError(400, f"body: expected a JSON object, got malformed JSON ({error})") from None
-    _refuse_non_finite(doc)  # also 1e999, which json reads as infinity
-    return _object(doc)
-
-
-def _object(doc: Any) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise bad_request("body", "a JSON object", type(doc).__name__)
-    return doc
-
-
-class _NonFinite(Exception):
-    """NaN, Infinity or -Infinity in a body: JSON has no such numbers, Python's json reads them."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NonFinite(name)
-
-
-def _refuse_non_finite(doc: Any) -> None:
-    """The 400 naming the first non-finite number's field (``observations[1][2]``,
-    ``episodes[0].reward``), in the order the body gives them."""
-    stack: list[tuple[str, Any]] = [("", doc)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            got = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-            raise bad_request(path or "body", "finite numbers", got)
-        if isinstance(value, dict):
-            stack += reversed([(f"{path}.{key}" if path else key, v) for key, v in value.items()])
-        elif isinstance(value, list):
-            stack += reversed([(f"{path}[{i}]", item) for i, item in enumerate(value)])
 
 
 def parse_step(
@@ -242,6 +193,15 @@ def episode_id_of(value: Any, name: str = "episode_id") -> str:
     if not isinstance(value, str) or not value or len(value) > 200 or value in (".", ".."):
         raise bad_request(name, "a non-empty string of at most 200 characters, not '.' or '..'",
                           repr(value))  # fmt: skip
+    return value
+
+
+def client_id_of(value: Any) -> str | None:
+    """A start's ``client_id``: a string of at most 200 characters, or null for the caller's
+    address. It is stored in every row as text, so nothing else is taken in its place."""
+    if value is not None and (not isinstance(value, str) or len(value) > 200):
+        raise bad_request("client_id", "a string of at most 200 characters or null",
+                          ascii(value)[:40])  # fmt: skip
     return value
 
 

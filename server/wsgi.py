@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 
 from server import handlers
+from server.bodies import parse_json
 from server.errors import error_answer
-from server.messages import parse_json
 from server.service import Service
 
 _PREFIX = "/v1/episodes/"
@@ -53,8 +53,12 @@ class FastPath:
             status, answer, retry_after = error_answer(error)
             if retry_after is not None:
                 headers.append(("Retry-After", str(retry_after)))
+        try:
+            body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+        except orjson.JSONEncodeError as error:  # a bug; still answered as JSON, and logged
+            status, answer, _ = error_answer(error)
+            body = orjson.dumps(answer)
         self.service.metrics.response(status, counts.steps)
-        body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         start_response(f"{status} {_REASONS.get(status, '')}", headers)
         return [body]

@@ -178,6 +178,42 @@ def _bad_cases(url: str) -> list[tuple[str, dict[str, Any], int, str]]:
          "body: expected an Arrow IPC stream, got unreadable bytes"),
         ("/v1/uploads", {"json": {"steps": []}, "headers": {"X-Rlpipe-Client": "c", **AUTH}},
          400, "field 'X-Rlpipe-Upload': expected the upload's number, an integer >= 0, got None"),
+        *_unstorable_cases(json_type),
+    ]  # fmt: skip
+
+
+def _unstorable_cases(json_type: dict[str, str]) -> list[tuple[str, dict[str, Any], int, str]]:
+    """Bodies that once got a 500, or were taken and stored wrong: refused whole at the call."""
+    upload = {"X-Rlpipe-Client": "c", "X-Rlpipe-Upload": "1", **json_type}
+    deep = b'{"observation": ' + b"[" * 1500 + b"]" * 1500 + b"}"  # deeper than json reads
+    deep_enough = b'{"observation": ' + b"[" * 64 + b"]" * 64 + b"}"  # 65 levels: orjson reads it
+    too_deep = (
+        "field 'body': expected arrays and objects nested at most 64 deep, got deeper nesting"
+    )
+    not_utf8 = "expected text that is valid UTF-8 (no lone surrogates), got "
+    not_text = "field 'client_id': expected a string of at most 200 characters or null, got "
+    routes = ["/v1/episodes", "/v1/actions"] + [
+        f"/v1/episodes/e1/{verb}" for verb in ("actions", "logged-actions", "returns", "end")
+    ]
+    return [
+        *[(path, {"data": body, "headers": json_type}, 400, too_deep)
+          for path in routes for body in (deep, deep_enough)],
+        ("/v1/uploads", {"data": deep, "headers": upload}, 400, too_deep),
+        ("/v1/episodes", {"json": {"client_id": {"a": [1, 2]}}}, 400, not_text + "{'a': [1, 2]}"),
+        ("/v1/episodes", {"json": {"client_id": 1.5e300}}, 400, not_text + "1.5e+300"),
+        ("/v1/episodes", {"data": b'{"client_id": "a\\udaa8"}', "headers": json_type}, 400,
+         "field 'client_id': " + not_utf8 + "'a\\udaa8'"),
+        ("/v1/episodes", {"data": b'{"episode_id": "a\\udaa8"}', "headers": json_type}, 400,
+         "field 'episode_id': " + not_utf8 + "'a\\udaa8'"),
+        ("/v1/actions", {"data": b'{"episodes": [{"episode_id": "b\\udaa8", "start": true, '
+                                 b'"observation": [0, 0, 0, 0]}]}', "headers": json_type}, 400,
+         "field 'episodes[0].episode_id': " + not_utf8 + "'b\\udaa8'"),
+        ("/v1/actions", {"data": b'{"episode_ids": ["c\\udaa8"], "starts": [{}], '
+                                 b'"observations": [[0, 0, 0, 0]]}', "headers": json_type}, 400,
+         "field 'episode_ids[0]': " + not_utf8 + "'c\\udaa8'"),
+        ("/v1/actions", {"data": b'{"episodes": [{"episode_id": "d", "start": {"client_id": 7}, '
+                                 b'"observation": [0, 0, 0, 0]}]}', "headers": json_type}, 400,
+         not_text + "7"),
     ]  # fmt: skip
 
 
