@@ -144,4 +144,4 @@ def _info_routes(app: Flask, service: Service) -> None:
 
     @app.get("/v1/openapi.json")
     def openapi_document() -> Response:
-        return jsonify(openapi.document())
+        return jsonify(openapi.document(service.observation_space, service.action_space))

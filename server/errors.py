@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from flask import Flask, Response, jsonify
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from pipeline.errors import RlpipeError, SchemaError
 
@@ -62,7 +62,10 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _handle(error: Exception) -> Response:
-        return _response(*error_answer(error))
+        response = _response(*error_answer(error))
+        if isinstance(error, MethodNotAllowed) and error.valid_methods:  # RFC 9110, 15.5.6
+            response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
+        return response
 
 
 def _http_message(error: HTTPException) -> str:
