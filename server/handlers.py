@@ -35,6 +35,7 @@ from server.messages import (
     client_id_of,
     column_batch,
     episode_id_of,
+    json_value,
     optional_bool,
     optional_int,
     parse_returns,
@@ -89,7 +90,7 @@ def _episode(service: Service, episode_id: str, doc: dict[str, Any],
         client_id=client_id_of(doc.get("client_id")) or remote_addr or "",
         training_enabled=optional_bool(doc, "training_enabled", True),
         seed=optional_int(doc, "seed"),
-        reset_options=doc.get("options"),
+        reset_options=json_value(doc.get("options"), "options"),
         env_id=service.env_id,
     )
 

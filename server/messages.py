@@ -55,7 +55,7 @@ def parse_step(
             multiagent=False,
             observations={layout.DEFAULT_AGENT_ID: doc["observation"]},
             rewards={layout.DEFAULT_AGENT_ID: _reward(doc.get("reward", 0.0), prefix + "reward")},
-            infos={layout.DEFAULT_AGENT_ID: doc["info"]} if doc.get("info") is not None else {},
+            infos=_single_info(doc, prefix),
         )
         if action_space is not None:
             step.actions = {layout.DEFAULT_AGENT_ID: _required(doc, "action", prefix)}
@@ -127,8 +127,13 @@ def parse_returns(doc: dict[str, Any]) -> StepInput:
     return StepInput(
         multiagent=False,
         rewards={layout.DEFAULT_AGENT_ID: _reward(doc.get("reward", 0.0), "reward")},
-        infos={layout.DEFAULT_AGENT_ID: doc["info"]} if doc.get("info") is not None else {},
+        infos=_single_info(doc, ""),
     )
+
+
+def _single_info(doc: dict[str, Any], prefix: str) -> dict[str, Any]:
+    info = doc.get("info")
+    return {} if info is None else {layout.DEFAULT_AGENT_ID: json_value(info, prefix + "info")}
 
 
 def _multi(doc: dict[str, Any], prefix: str) -> StepInput:
@@ -142,7 +147,10 @@ def _multi(doc: dict[str, Any], prefix: str) -> StepInput:
         multiagent=True,
         observations=observations,
         rewards={k: _reward(v, f"{prefix}rewards.{k}") for k, v in rewards.items()},
-        infos=_keyed(doc.get("infos") or {}, prefix + "infos"),
+        infos={
+            k: json_value(v, f"{prefix}infos.{k}")
+            for k, v in _keyed(doc.get("infos") or {}, prefix + "infos").items()
+        },
         dones={k: v for k, v in dones.items() if k != "__all__"},
     )
 
@@ -229,7 +237,7 @@ def single_column_step(doc: dict[str, Any], space: gym.Space[Any], episode_id: s
         episode_ids=[episode_id],
         observations=box_batch(space, [doc["observation"]], "observation", rows=False),
         rewards=[_reward(doc.get("reward", 0.0), "reward")],
-        infos=None if doc.get("info") is None else [_info(doc["info"], "info")],
+        infos=None if doc.get("info") is None else [json_value(doc["info"], "info")],
         ends=[end],
         requests=[optional_int(doc, "request")],
     )
@@ -256,7 +264,7 @@ def column_batch(doc: dict[str, Any], space: gym.Space[Any]) -> tuple[ColumnStep
     infos = None
     if doc.get("infos") is not None:
         infos = [
-            _info(info, f"infos[{i}]") for i, info in enumerate(_column(doc, "infos", n, None))
+            json_value(info, f"infos[{i}]") for i, info in enumerate(_column(doc, "infos", n, None))
         ]
     ends = [_end(te, tr) for te, tr in zip(terminated, truncated, strict=True)]
     requests = _requests(_column(doc, "requests", n, None))
@@ -339,8 +347,9 @@ def _flags(doc: dict[str, Any], key: str, n: int) -> list[bool]:
     return flags
 
 
-def _info(value: Any, name: str) -> Any:
-    """An info (any JSON value, stored as JSON text); a string must be JSON text already."""
+def json_value(value: Any, name: str) -> Any:
+    """An info or a start's options (any JSON value, stored as JSON text); a string must be
+    JSON text already, as the writer takes it (docs/format.md, section 4)."""
     if isinstance(value, str):
         try:
             json.loads(value)

@@ -40,7 +40,11 @@ _INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
 _ID = {"type": "string", "minLength": 1, "maxLength": 200, "not": {"enum": [".", ".."]}}
 _REQUEST = {**_INT64, "description": "the client's count of its requests in this episode, 1, "
             "2, ...: the last number sent again is answered again and writes nothing"}  # fmt: skip
-_INFO = {"type": ["object", "null"], "description": "any JSON object, stored as JSON text"}
+_INFO = {
+    "type": ["object", "null"],
+    "description": "stored as JSON text; the server also takes any JSON value, but a string "
+    "must hold JSON text",
+}
 
 
 @functools.singledispatch
@@ -118,7 +122,7 @@ def _schemas(observation_space: gym.Space[Any], action_space: gym.Space[Any]) ->
         "Observation": space_schema(observation_space),
         "Action": space_schema(action_space),
         "Start": {**_object(
-            [], episode_id=_ID, training_enabled={"type": "boolean"}, seed=_INT64, options={},
+            [], episode_id=_ID, training_enabled={"type": "boolean"}, seed=_INT64, options=_INFO,
             client_id={"type": ["string", "null"], "maxLength": 200},
         ), "description": "Every field may be left out; the server names an episode left "
                           "unnamed, and a client_id left out is the caller's address."},

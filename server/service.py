@@ -192,7 +192,8 @@ class Service:
             column = item.step.observation_column
             if item.kind == ACT and column is not None:
                 mine = [w[2] for w in wanted if w[0] == index]
-                columns.append(column if len(mine) == len(column) else column.take(mine))
+                if mine:  # none when every agent observed is done: nothing to act for
+                    columns.append(column if len(mine) == len(column) else column.take(mine))
         if wanted:
             acted = self.runner.act(pa.concat_arrays(columns))
             for n, (index, agent_id, _) in enumerate(wanted):

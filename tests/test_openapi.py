@@ -3,14 +3,18 @@ enough that a client built from it alone can start, step, log, upload and fetch 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import requests
+from conftest import cartpole_spaces
 from openapi_contract import check_answer, request_schema, schema
 from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
+
+from server import openapi
 
 OBS = [0.01, -0.02, 0.03, 0.04]
 
@@ -62,3 +66,17 @@ def test_a_client_built_from_the_document_gets_only_documented_answers(tmp_path:
         wrong = session.get(server.url + "/v1/episodes", timeout=5)
         assert (wrong.status_code, wrong.headers["Allow"]) == (405, "OPTIONS, POST")
         assert wrong.json()["error"]["status"] == 405
+
+
+def test_openapi_documents_every_route(tmp_path: Path) -> None:
+    with running_server(cartpole_config(tmp_path / "ds")) as server:
+        served = requests.get(server.url + "/v1/openapi.json", timeout=5).json()
+        routes = {
+            (re.sub(r"<(?:path:)?([a-z_]+)>", r"{\1}", rule.rule), method.lower())
+            for rule in server.app.url_map.iter_rules()
+            for method in rule.methods or () if method in ("GET", "POST")
+        }  # fmt: skip
+    documented = {(path, method) for path, item in served["paths"].items()
+                  for method in item if method in ("get", "post")}  # fmt: skip
+    assert routes == documented
+    assert served == openapi.document(*cartpole_spaces())
