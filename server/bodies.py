@@ -53,8 +53,9 @@ def _parse_refused(body: bytes) -> Any:
 
 
 def _too_deep() -> ApiError:
-    return bad_request("body", f"arrays and objects nested at most {MAX_DEPTH} deep",
-                       "deeper nesting")  # fmt: skip
+    return bad_request(
+        "body", f"arrays and objects nested at most {MAX_DEPTH} deep", "deeper nesting"
+    )
 
 
 def _refuse_deep(doc: Any) -> None:
@@ -95,14 +96,16 @@ def _refuse_unstorable(doc: Any) -> None:
             got = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
             raise bad_request(path or "body", "finite numbers", got)
         if isinstance(value, str) and not _utf8(value):
-            raise bad_request(path or "body", "text that is valid UTF-8 (no lone surrogates)",
-                              ascii(value)[:40])  # fmt: skip
+            raise bad_request(
+                path or "body", "text that is valid UTF-8 (no lone surrogates)", ascii(value)[:40]
+            )
         if isinstance(value, dict):
             for key in value:
                 if not _utf8(key):
                     where = f"{path}.{key!a}" if path else ascii(key)
-                    raise bad_request(where, "keys that are valid UTF-8 (no lone surrogates)",
-                                      ascii(key)[:40])  # fmt: skip
+                    raise bad_request(
+                        where, "keys that are valid UTF-8 (no lone surrogates)", ascii(key)[:40]
+                    )
             stack += reversed([(f"{path}.{key}" if path else key, v) for key, v in value.items()])
         elif isinstance(value, list):
             stack += reversed([(f"{path}[{i}]", item) for i, item in enumerate(value)])

@@ -208,8 +208,8 @@ def client_id_of(value: Any) -> str | None:
     """A start's ``client_id``: a string of at most 200 characters, or null for the caller's
     address. It is stored in every row as text, so nothing else is taken in its place."""
     if value is not None and (not isinstance(value, str) or len(value) > 200):
-        raise bad_request("client_id", "a string of at most 200 characters or null",
-                          ascii(value)[:40])  # fmt: skip
+        expected = "a string of at most 200 characters or null"
+        raise bad_request("client_id", expected, ascii(value)[:40])
     return value
 
 

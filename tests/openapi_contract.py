@@ -44,8 +44,9 @@ def template_of(document: dict[str, Any], path: str) -> str:
     raise AssertionError(f"no path of the document matches {path}")
 
 
-def check_answer(document: dict[str, Any], template: str, method: str,
-                 response: requests.Response) -> None:  # fmt: skip
+def check_answer(
+    document: dict[str, Any], template: str, method: str, response: requests.Response
+) -> None:
     """The answer's status is listed for this path and method, never a 5xx; a JSON body (every
     error's) matches the schema listed for the status; its headers are the listed ones."""
     status = response.status_code
@@ -65,17 +66,39 @@ def check_answer(document: dict[str, Any], template: str, method: str,
 
 
 _KNOWN = {
-    "type", "properties", "required", "additionalProperties", "propertyNames", "items",
-    "minItems", "maxItems", "prefixItems", "anyOf", "oneOf", "enum", "const", "minimum",
-    "maximum", "minLength", "maxLength", "not", "format", "description", "default",
-}  # fmt: skip
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "propertyNames",
+    "items",
+    "minItems",
+    "maxItems",
+    "prefixItems",
+    "anyOf",
+    "oneOf",
+    "enum",
+    "const",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "not",
+    "format",
+    "description",
+    "default",
+}
 ANY_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=8,
-)  # fmt: skip
+)
 
 
 def values(schema: Any) -> st.SearchStrategy[Any]:
@@ -120,8 +143,11 @@ def _typed(kind: str, schema: dict[str, Any]) -> st.SearchStrategy[Any]:
     if kind == "array":
         if "prefixItems" in schema:
             return st.tuples(*map(values, schema["prefixItems"])).map(list)
-        return st.lists(values(schema.get("items", {})), min_size=schema.get("minItems", 0),
-                        max_size=schema.get("maxItems", 4))  # fmt: skip
+        return st.lists(
+            values(schema.get("items", {})),
+            min_size=schema.get("minItems", 0),
+            max_size=schema.get("maxItems", 4),
+        )
     assert kind == "object", schema
     properties, required = schema.get("properties", {}), schema.get("required", [])
     extra = schema.get("additionalProperties")

@@ -3,18 +3,23 @@ enough that a client built from it alone can start, step, log, upload and fetch 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import jsonschema
+import numpy as np
 import pytest
 import requests
 from conftest import cartpole_spaces
-from openapi_contract import check_answer, request_schema, schema
+from hypothesis import given, settings
+from openapi_contract import check_answer, request_schema, schema, values
 from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
 
-from server import openapi
+from pipeline import codec
+from server import openapi, schemas
 
 OBS = [0.01, -0.02, 0.03, 0.04]
 
@@ -50,11 +55,23 @@ def test_a_client_built_from_the_document_gets_only_documented_answers(tmp_path:
         template = "/v1/episodes/{episode_id}/"
         post(template + "logged-actions", "/v1/episodes/e/logged-actions", logged)
         post(template + "end", "/v1/episodes/e/end", {"observation": OBS, "truncated": True})
-        rows = {"steps": [{"episode_id": "u", "t": 0, "observation": OBS, "action": 0,
-                           "reward": 1.0, "next_observation": OBS, "terminated": True,
-                           "truncated": False}]}  # fmt: skip
-        uploaded = post("/v1/uploads", "/v1/uploads", rows,
-                        **_headers(document, "/v1/uploads", "post"))  # fmt: skip
+        rows = {
+            "steps": [
+                {
+                    "episode_id": "u",
+                    "t": 0,
+                    "observation": OBS,
+                    "action": 0,
+                    "reward": 1.0,
+                    "next_observation": OBS,
+                    "terminated": True,
+                    "truncated": False,
+                }
+            ]
+        }
+        uploaded = post(
+            "/v1/uploads", "/v1/uploads", rows, **_headers(document, "/v1/uploads", "post")
+        )
         assert uploaded.json() == {"duplicate": False, "stored": {"steps": 1}}
         weights = document["paths"]["/v1/weights"]["get"]
         assert [p["name"] for p in weights["parameters"] if p["in"] == "query"] == ["version"]
@@ -74,9 +91,43 @@ def test_openapi_documents_every_route(tmp_path: Path) -> None:
         routes = {
             (re.sub(r"<(?:path:)?([a-z_]+)>", r"{\1}", rule.rule), method.lower())
             for rule in server.app.url_map.iter_rules()
-            for method in rule.methods or () if method in ("GET", "POST")
-        }  # fmt: skip
-    documented = {(path, method) for path, item in served["paths"].items()
-                  for method in item if method in ("get", "post")}  # fmt: skip
+            for method in rule.methods or ()
+            if method in ("GET", "POST")
+        }
+    documented = {
+        (path, method)
+        for path, item in served["paths"].items()
+        for method in item
+        if method in ("get", "post")
+    }
     assert routes == documented
     assert served == openapi.document(*cartpole_spaces())
+
+
+_SPACES = [
+    gym.spaces.Box(-1.0, 1.0, (2, 3), np.float32),
+    gym.spaces.Box(0, 255, (2,), np.uint8),
+    gym.spaces.Discrete(3, start=-1),
+    gym.spaces.MultiDiscrete([2, 5]),
+    gym.spaces.MultiBinary(3),
+    gym.spaces.Dict({"x": gym.spaces.Discrete(2), "y": gym.spaces.Box(-1, 1, (2,))}),
+    gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.MultiBinary(2))),
+]
+
+
+@pytest.mark.parametrize("space", _SPACES, ids=lambda space: type(space).__name__)
+def test_the_schema_of_every_space_takes_its_samples_and_makes_values_the_server_takes(
+    space: gym.Space[Any],
+) -> None:
+    described = schemas.space_schema(space)
+    for seed in range(5):
+        space.seed(seed)
+        sample = json.loads(json.dumps(space.sample(), default=lambda array: array.tolist()))
+        jsonschema.validate(sample, described)
+
+    @settings(max_examples=15, deadline=None)
+    @given(value=values(described))
+    def taken(value: Any) -> None:
+        codec.to_arrow_rows(space, [value], field="value")  # raises SchemaError if refused
+
+    taken()
