@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from openapi_contract import check_answer, request_schema, schema, values
 from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
 
-from pipeline import codec
+from pipeline.format import codec
 from server import openapi, schemas
 
 OBS = [0.01, -0.02, 0.03, 0.04]

@@ -39,7 +39,7 @@ AGENTS = ["a", "b", "c"]
 UPLOADER = "fuzz-uploader"  # the X-Rlpipe-Client of uploads: their rows need not form episodes
 # Sums of rewards near the double's limit overflow in the recorder: two rewards of 1.7e308
 # are each taken, and then the episode cannot be ended (issue 16, "an acknowledged episode that
-# can never be ended"; fixed in the step core, pipeline/recorder.py). Sequences keep their
+# can never be ended"; fixed in the step core, pipeline/recording/recorder.py). Sequences keep their
 # rewards below this bound until then; single requests still send every extreme number.
 REWARD_BOUND = 1e300
 _FAST = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -59,8 +59,8 @@ _RAW_NUMBERS = [
 _SENT: dict[str, list[Any]] = {}  # episode id -> the calls that named it, for failure reports
 # A single-agent end of a multi-agent episode drops the other agents' pending steps, which
 # then never get their truncated row (issue 16, "Multi-agent"; fixed in the step core,
-# pipeline/recorder.py): such episodes are left out of the check that every agent's rows end
-# on a terminated or truncated one.
+# pipeline/recording/recorder.py): such episodes are left out of the check that every agent's
+# rows end on a terminated or truncated one.
 _SINGLE_ENDS_OF_MULTI: set[str] = set()
 _IDS = itertools.count()  # episode ids and upload numbers, never used twice
 # mostly JSON, so that most bodies get past the content check to the parsing behind it
@@ -391,7 +391,7 @@ def _check_dataset(data: Path) -> None:
     assert (episodes["length"] >= 0).all()
     assert episodes["return"].map(math.isfinite).all()
     # An episode ended without a step gets started_at after ended_at (issue 16, "bad
-    # summaries"; fixed in pipeline/recorder.py): checked for the others only. Uploaded
+    # summaries"; fixed in pipeline/recording/recorder.py): checked for the others only. Uploaded
     # summaries are stored as sent: the writer does not check the order of their times.
     stepped = episodes[(episodes["length"] > 0) & (episodes["client_id"] != UPLOADER)]
     assert (stepped["started_at"] <= stepped["ended_at"]).all()
