@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import SchemaError
-from pipeline.format import layout
-from pipeline.recording.recorder import Episode, Pending
+from pipeline.recording.recorder import Episode, Pending, unattributed
 from server import replays
 from server.combiner import Combiner
 from server.episodes import refuse_repeats
@@ -129,7 +128,12 @@ class ColumnStepper:
         rewards = [reward for step in steps for reward in step.rewards]
         infos = [info for step in steps for info in (step.infos or [None] * len(step.rewards))]
         ends = [end for step in steps for end in step.ends]
+        for episode in episodes:
+            episode.check_form(multiagent=False)
         states = [episode.agent(_AGENT) for episode in episodes]
+        for episode, state, reward in zip(episodes, states, rewards, strict=True):
+            if state.pending is None:  # the episode's first observation: no transition yet
+                unattributed(episode.episode_id, _AGENT, reward)
         acting = [
             i for i, state in enumerate(states) if ends[i] is None and not state.terminated
         ]  # fmt: skip
@@ -177,7 +181,9 @@ class ColumnStepper:
             "t": [state.t for state in agents],
             "observation": [step.observation for step in pending],
             "action": [step.action for step in pending],
-            "reward": [state.reward + rewards[i] for i, state in zip(done, agents, strict=True)],
+            "reward": [
+                state.with_reward(rewards[i]) for i, state in zip(done, agents, strict=True)
+            ],
             "next_observation": observations[done],
             "terminated": terminal,
             "truncated": [

@@ -114,6 +114,7 @@ class Service:
             for item in items:
                 if item.episode.ended:
                     raise ApiError(409, ended_message(item.episode.episode_id))
+                item.episode.check_form(item.step.multiagent)
             replayed = replays.replayed([item.episode for item in items],
                                         [item.request for item in items])  # fmt: skip
             if replayed is not None:
@@ -129,20 +130,21 @@ class Service:
 
     def _step(self, items: Sequence[StepItem]) -> list[dict[str, Any]]:
         self.check_backlog()
-        rows: list[list[Row]] = []
-        for item in items:
-            rows.append(_completed_rows(item))
+        rows = [_completed_rows(item) for item in items]
+        sums = [_unobserved_sums(item) for item in items]  # checked before anything is written
         actions = self._actions(items)
         summaries: list[Row] = []
         for item, item_rows in zip(items, rows, strict=True):
             if item.kind == END:
                 reason = "truncated" if item.truncated else "terminated"
-                summaries += item.episode.summary_rows(reason, item_rows)
+                summaries += item.episode.summary_rows(reason, item_rows,
+                                                       set(item.step.observations))  # fmt: skip
         self._write([row for item_rows in rows for row in item_rows], summaries)
         results = []
-        for item, item_rows, pending in zip(items, rows, actions, strict=True):
+        for item, item_rows, pending, item_sums in zip(items, rows, actions, sums, strict=True):
             item.episode.commit(item_rows, pending)
-            _add_unobserved_rewards(item)
+            item.episode.set_rewards(item_sums)
+            item.episode.mark_terminated(item.step.dones)
             results.append(_result(item, pending))
         return results
 
@@ -247,24 +249,19 @@ def _completed_rows(item: StepItem) -> list[Row]:
     step, episode = item.step, item.episode
     if item.kind != END:
         return episode.complete(step.observations, step.rewards, step.infos, step.dones)
-    terminated = {agent_id: not item.truncated for agent_id in step.observations}
-    rows = episode.complete(step.observations, step.rewards, step.infos, terminated,
-                            truncated=item.truncated)  # fmt: skip
-    unobserved = {k: v for k, v in step.rewards.items() if k not in step.observations}
-    observed = {row["agent_id"] for row in rows}
-    rows += [
-        row for row in episode.close_rows(unobserved, truncated=True)
-        if row["agent_id"] not in observed
-    ]  # fmt: skip
-    return rows
+    return episode.end_rows(step.observations, step.rewards, step.infos, item.truncated,
+                            step.dones)  # fmt: skip
 
 
-def _add_unobserved_rewards(item: StepItem) -> None:
+def _unobserved_sums(item: StepItem) -> dict[str, float]:
+    """Rewards for agents this request does not observe go to their pending steps (an end
+    request writes those steps itself)."""
     if item.kind == END:
-        return
-    for agent_id, reward in item.step.rewards.items():
-        if agent_id not in item.step.observations:
-            item.episode.agent(agent_id).reward += reward
+        return {}
+    step = item.step
+    return item.episode.reward_sums(
+        {k: v for k, v in step.rewards.items() if k not in step.observations}
+    )
 
 
 def _result(item: StepItem, pending: dict[str, Pending]) -> dict[str, Any]:

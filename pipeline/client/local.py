@@ -20,10 +20,10 @@ import pyarrow as pa
 
 from pipeline.client.transport import jsonable, row_of
 from pipeline.errors import EpisodeError
-from pipeline.format import codec, layout, schema
 from pipeline.policy.network import NumpyPolicy
-from pipeline.recording.recorder import Episode, Pending
+from pipeline.recording.recorder import Episode, Pending, unattributed
 from pipeline.recording.stepbuffer import StepBuffer, fits
+from pipeline.client.transport import jsonable, row_of
 
 _AGENT = layout.DEFAULT_AGENT_ID
 Emit = Callable[[str, Sequence[Mapping[str, Any]]], None]  # (table, rows) to upload
@@ -76,13 +76,19 @@ class LocalInference:
         """get_action (``action`` None: the policy picks, and the action is returned) or
         log_action (the simulator's ``action`` is recorded)."""
         episode = self.episode(episode_id)
+        episode.check_form(multiagent)
         if self.steps is not None and not multiagent:
             return self._fast_step(self.steps, episode, observation, action)
         return self._row_step(episode, observation, action, multiagent)
 
     def add_reward(self, episode_id: str, reward: float) -> None:
         """log_returns for one agent with nothing but a reward: the common case, kept short."""
-        self.episode(episode_id).agent(_AGENT).reward += reward
+        episode = self.episode(episode_id)
+        state = episode.agents.get(_AGENT)
+        if state is None or state.pending is None:
+            unattributed(episode_id, _AGENT, reward)
+            return
+        state.reward = state.with_reward(reward)
 
     def add_returns(self, episode_id: str, rewards: dict[str, float], infos: dict[str, Any],
                     dones: dict[str, bool]) -> None:  # fmt: skip
@@ -91,22 +97,33 @@ class LocalInference:
     def end(self, episode_id: str, observation: Any, truncated: bool, multiagent: bool) -> None:
         """The episode's last observation: its final rows and its episodes-table rows."""
         episode = self.episode(episode_id)
+        episode.check_form(multiagent)
         observations = {_AGENT: observation} if not multiagent else dict(observation)
         if self.steps is not None and not multiagent:
             x = self.steps.check(observation)
             self.steps.end(episode, episode.agent(_AGENT), x, truncated)
         else:
             self._observation_batch(list(observations.values()))  # refuse a bad one at the call
-        terminated = {agent_id: not truncated for agent_id in observations}
-        rows = episode.complete(observations, {}, {}, terminated, truncated=truncated)
-        seen = {row["agent_id"] for row in rows}
-        rows += [r for r in episode.close_rows({}, truncated=True) if r["agent_id"] not in seen]
+        rows = episode.end_rows(observations, {}, {}, truncated)
         episode.commit(rows, {})
         del self._episodes[episode_id]
         if rows:
             self._emit(layout.STEPS, rows)
-        self._emit(layout.EPISODES, episode.summary_rows("truncated" if truncated
-                                                         else "terminated"))  # fmt: skip
+        reason = "truncated" if truncated else "terminated"
+        self._emit(layout.EPISODES, episode.summary_rows(reason, (), set(observations)))
+
+    def close_all(self) -> None:
+        """Close the episodes still open, as the server closes abandoned ones: their pending
+        steps truncated, ``end_reason`` ``closed``."""
+        for episode_id in list(self._episodes):
+            episode = self._episodes.pop(episode_id)
+            if self.steps is not None and self.steps.pending(episode_id):
+                self.steps.close(episode, episode.agent(_AGENT))
+            rows = episode.close_rows({}, truncated=True)
+            episode.commit(rows, {})
+            if rows:
+                self._emit(layout.STEPS, rows)
+            self._emit(layout.EPISODES, episode.summary_rows("closed"))
 
     def build(self, table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
         """Rows of a table as a validated batch (the uploader calls this)."""

@@ -38,6 +38,7 @@ from pipeline.client.local import LocalInference
 from pipeline.client.spool import Spool, Uploader
 from pipeline.client.transport import (
     ARROW_TYPE,
+    AgentIds,
     Http,
     RemoteEpisode,
     jsonable,
@@ -100,6 +101,7 @@ class PolicyClient:
         self._http = Http(address, session, timeout, token)
         self._spaces: tuple[gym.Space[Any], gym.Space[Any], str | None] | None = None
         self._remote: dict[str, RemoteEpisode] = {}
+        self._agent_ids: dict[str, AgentIds] = {}  # per multi-agent episode, made on first use
         self._episode_numbers = itertools.count()
         self._pulled = 0.0
         self._uploader: Uploader | None = None
@@ -136,16 +138,27 @@ class PolicyClient:
         return episode_id
 
     def get_action(self, episode_id: str, observation: Any) -> Any:
-        """The action for ``observation`` (a dict keyed by agent id for multi-agent envs)."""
+        """The action for ``observation`` (a dict keyed by agent id for multi-agent envs; ids
+        are strings or integers, and the actions come back keyed by the same ids)."""
+        multi = self._multiagent(observation)
+        if multi:
+            ids = self._ids(episode_id)
+            observation = ids.encode(observation, "observations")
         if self._local is None:
             answer = self._remote_step(episode_id, "actions", observation, {})
-            return self._decode(answer)
-        self._check_uploads()
-        return self._local.step(episode_id, observation, None, self._multiagent(observation))
+            actions = self._decode(answer)
+        else:
+            self._check_uploads()
+            actions = self._local.step(episode_id, observation, None, multi)
+        return ids.decode(actions) if multi else actions
 
     def log_action(self, episode_id: str, observation: Any, action: Any) -> None:
         """Record an action the simulator chose itself (off-policy data)."""
         multi = self._multiagent(observation)
+        if multi:
+            ids = self._ids(episode_id)
+            observation = ids.encode(observation, "observations")
+            action = ids.encode(action, "actions") if isinstance(action, Mapping) else action
         if self._local is None:
             self._remote_step(episode_id, "logged-actions", observation,
                               {"actions" if multi else "action": jsonable(action)})  # fmt: skip
@@ -170,11 +183,16 @@ class PolicyClient:
             self._check_uploads()
             self._local.add_reward(episode_id, value)
             return
+        ids = self._ids(episode_id) if isinstance(reward, Mapping) or multiagent_done_dict else None
         rewards = dict(reward) if isinstance(reward, Mapping) else {_AGENT: reward}
         _check_rewards(rewards, info)
         infos = dict(info) if isinstance(reward, Mapping) and isinstance(info, Mapping) else (
             {} if info is None else {_AGENT: info})  # fmt: skip
         dones = {k: bool(v) for k, v in (multiagent_done_dict or {}).items() if k != "__all__"}
+        if ids is not None:
+            if isinstance(reward, Mapping):
+                rewards, infos = ids.encode(rewards, "reward"), ids.encode(infos, "info")
+            dones = ids.encode(dones, "multiagent_done_dict")
         if self._local is None:
             self._remote_episode(episode_id).add(rewards, infos, dones)
             return
@@ -184,12 +202,16 @@ class PolicyClient:
 
     def end_episode(self, episode_id: str, observation: Any, truncated: bool = False) -> None:
         """End the episode at its last observation (``truncated=True`` for a time limit)."""
+        multi = self._multiagent(observation)
+        if multi:
+            observation = self._ids(episode_id).encode(observation, "observations")
         if self._local is None:
             self._remote_step(episode_id, "end", observation, {"truncated": truncated})
             del self._remote[episode_id]
-            return
-        self._check_uploads()
-        self._local.end(episode_id, observation, truncated, self._multiagent(observation))
+        else:
+            self._check_uploads()
+            self._local.end(episode_id, observation, truncated, multi)
+        self._agent_ids.pop(episode_id, None)
 
     # many episodes' steps in one request, for vectorized simulators; VectorEpisodes drives a
     # gymnasium vector env with it
@@ -230,6 +252,8 @@ class PolicyClient:
         if self._uploader is None:
             self._http.close()
             return True
+        if self._local is not None:  # as the server closes the episodes a client abandons
+            self._local.close_all()
         delivered = self._uploader.close(timeout_s)
         shutil.rmtree(self._weights_dir, ignore_errors=True)
         self._http.close()
@@ -249,6 +273,12 @@ class PolicyClient:
     def _new_episode_id(self) -> str:
         """Named here, so a retry is idempotent; unique because the client's id is."""
         return f"{self.client_id}{next(self._episode_numbers):08x}"
+
+    def _ids(self, episode_id: str) -> AgentIds:
+        ids = self._agent_ids.get(episode_id)
+        if ids is None:
+            ids = self._agent_ids[episode_id] = AgentIds()
+        return ids
 
     # --- remote inference ------------------------------------------------------------------
 

@@ -131,7 +131,7 @@ class Uploader:
         """Try to deliver everything now; True when nothing is left in memory or on disk."""
         deadline = time.monotonic() + timeout_s
         self._not_before = 0.0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.failure is None:
             self._wake.set()
             with self._lock:
                 self._idle.wait_for(lambda: not self._busy, timeout=0.05)
@@ -148,8 +148,13 @@ class Uploader:
         self._stop.set()
         self._wake.set()
         self._thread.join()
-        self._spill()  # whatever is still in memory goes to disk, to be sent by a later client
-        return delivered
+        try:
+            self._spill()  # whatever is still in memory goes to disk, for a later client
+        except Exception as error:  # rows that cannot be built stay unsent: say so
+            self.failure = self.failure or error
+            _log.error("steps kept in memory could not be spooled: %s", error)
+            return False
+        return delivered and self.failure is None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -205,19 +210,29 @@ class Uploader:
 
     def _number(self) -> list[tuple[int, str, bytes]]:
         """Turn buffered rows into numbered batches: a batch keeps its number for life,
-        whether it is sent from memory now or from the spool by a later client instance."""
-        with self._lock:
-            taken = {name: rows for name, rows in self._rows.items() if rows}
-            self._rows = {"steps": [], "episodes": []}
+        whether it is sent from memory now or from the spool by a later client instance.
+
+        Rows leave the buffer only once their batch is built; if building fails, the batches
+        already numbered go to the spool, the rest stay buffered, and the error is raised.
+        """
         batches: list[tuple[int, str, bytes]] = []
         drained = self._columns.drain() if self._columns is not None else None
         if drained is not None:  # before the rows: an episode's summary follows its steps
             batches.append((self._seq, "steps", to_ipc(drained)))
             self._seq += 1
-        for table in ("steps", "episodes"):
-            if table in taken:
-                batches.append((self._seq, table, to_ipc(self._build(table, taken[table]))))
-                self._seq += 1
+        with self._lock:
+            taken = {name: list(rows) for name, rows in self._rows.items() if rows}
+        try:
+            for table in ("steps", "episodes"):
+                if table in taken:
+                    body = to_ipc(self._build(table, taken[table]))
+                    batches.append((self._seq, table, body))
+                    self._seq += 1
+                    with self._lock:  # rows are only appended meanwhile
+                        del self._rows[table][: len(taken[table])]
+        except BaseException:
+            self._put(batches)
+            raise
         return batches
 
     def _put(self, batches: list[tuple[int, str, bytes]]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json as _json
+import math
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from requests.structures import CaseInsensitiveDict
 from pipeline.errors import (
     EpisodeError,
     RequestRejected,
+    SchemaError,
     ServerError,
     ServerUnavailable,
     Unauthorized,
@@ -325,6 +327,38 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+class AgentIds:
+    """One episode's agent ids: any JSON scalar the simulator uses (a string or an integer,
+    as RLlib's multi-agent envs do) becomes the text the wire and the ``agent_id`` column
+    carry, and answers are keyed by the ids as given again."""
+
+    def __init__(self) -> None:
+        self._given: dict[str, Any] = {}
+
+    def encode(self, mapping: Mapping[Any, Any], field: str) -> dict[str, Any]:
+        """``mapping`` keyed by text; 1 and "1" in one episode are refused (one column value).
+
+        Raises:
+            SchemaError: naming ``field``, for an id of another type or one that clashes.
+        """
+        out = {}
+        for key, value in mapping.items():
+            given = int(key) if isinstance(key, np.integer) else key
+            if isinstance(given, bool) or not isinstance(given, int | str):
+                raise SchemaError.single(field, "agent ids that are strings or integers",
+                                         f"{type(key).__name__} {key!r}")  # fmt: skip
+            text = str(given)
+            known = self._given.setdefault(text, given)
+            if type(known) is not type(given):
+                raise SchemaError.single(field, f"one agent per agent_id: {known!r} and {given!r} "
+                                         f"are both stored as '{text}'", repr(given))  # fmt: skip
+            out[text] = value
+        return out
+
+    def decode(self, mapping: Mapping[str, Any]) -> dict[Any, Any]:
+        return {self._given.get(key, key): value for key, value in mapping.items()}
+
+
 class RemoteEpisode:
     """What rides on the next request: rewards, infos and done flags logged since the last."""
 
@@ -333,10 +367,22 @@ class RemoteEpisode:
         self.infos: dict[str, Any] = {}
         self.dones: dict[str, bool] = {}
         self.request = 0
+        self.sent_rewards: dict[str, float] = {}  # per agent, a bound on the server's return
 
     def add(self, rewards: dict[str, Any], infos: dict[str, Any], dones: dict[str, bool]) -> None:
+        """Keep what rides on the next request; a reward that would make a sum non-finite is
+        refused here (the server would refuse the next request instead)."""
+        sums = {}
         for agent_id, reward in rewards.items():
-            self.rewards[agent_id] = self.rewards.get(agent_id, 0.0) + float(reward)
+            total = self.rewards.get(agent_id, 0.0) + float(reward)
+            if not (
+                math.isfinite(total) and math.isfinite(self.sent_rewards.get(agent_id, 0.0) + total)
+            ):
+                name = "reward" if agent_id == layout.DEFAULT_AGENT_ID else f"rewards.{agent_id}"
+                raise SchemaError.single(name, "a reward that keeps the step's reward sum and "
+                                         "the return finite", repr(reward))  # fmt: skip
+            sums[agent_id] = total
+        self.rewards.update(sums)
         self.infos.update(infos)
         self.dones.update(dones)
 
@@ -353,5 +399,7 @@ class RemoteEpisode:
 
     def sent(self) -> None:
         self.request += 1
+        for agent_id, reward in self.rewards.items():
+            self.sent_rewards[agent_id] = self.sent_rewards.get(agent_id, 0.0) + reward
         if self.rewards or self.infos or self.dones:
             self.rewards, self.infos, self.dones = {}, {}, {}

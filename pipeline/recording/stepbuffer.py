@@ -24,12 +24,13 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import SchemaError
-from pipeline.format import codec, layout, schema, spaces
-from pipeline.recording.recorder import AgentState, Episode
+from pipeline.recording.recorder import AgentState, Episode, Pending
 
 _AGENT = layout.DEFAULT_AGENT_ID
 # a row's status: one small write completes it (three flags would be three numpy writes a step)
 _PENDING, _COMPLETE, _TERMINATED, _TRUNCATED = 0, 1, 2, 3
+# an agent's pending step while it lives here, as a row (what the recorder's rules look at)
+_BUFFERED = Pending(None, None, None, None)
 
 
 def fits(observation_space: gym.Space[Any]) -> bool:
@@ -112,6 +113,7 @@ class StepBuffer:
             self._episode[i] = episode.episode_id
             self._training[i] = episode.training_enabled
             self._pending[episode.episode_id] = i
+            state.pending = _BUFFERED
             if self._woken or self.ready < self._ready_rows:
                 return
             self._woken = True
@@ -122,20 +124,35 @@ class StepBuffer:
         with self._lock:
             self._complete(episode.episode_id, state, x, not truncated, truncated)
 
+    def close(self, episode: Episode, state: AgentState) -> None:
+        """The episode stops here: its pending step ends truncated at its own observation."""
+        with self._lock:
+            row = self._pending.get(episode.episode_id)
+            if row is not None:
+                self._complete(episode.episode_id, state, self._observation[row].copy(), False,
+                               True)  # fmt: skip
+
     def pending(self, episode_id: str) -> bool:
         return episode_id in self._pending
 
     def drain(self) -> pa.RecordBatch | None:
-        """The complete rows as one step batch, leaving the pending ones for later."""
+        """The complete rows as one step batch, leaving the pending ones for later.
+
+        The rows leave the buffer only once their batch is built: a batch that cannot be built
+        raises and keeps them (to be surfaced, never dropped).
+        """
         with self._lock:
-            complete = self._status[: self._n] != _PENDING
-            done = np.flatnonzero(complete)
+            done = np.flatnonzero(self._status[: self._n] != _PENDING)
             if not len(done):
                 return None
             columns = {name: array[done] for name, array in self._columns().items()}
             infos = [self._infos.get(int(i)) for i in done] if self._infos else None
-            self._compact(np.flatnonzero(~complete))
-        return self._batch(columns, infos)
+        batch = self._batch(columns, infos)
+        with self._lock:  # rows only ever get appended or completed meanwhile, never moved
+            keep = np.ones(self._n, bool)
+            keep[done] = False
+            self._compact(np.flatnonzero(keep))
+        return batch
 
     # --- inside the lock ---------------------------------------------------------------------
 
@@ -191,7 +208,7 @@ class StepBuffer:
         self._pending = {episode_id: moved[row] for episode_id, row in self._pending.items()}
         self._infos = {moved[row]: info for row, info in self._infos.items() if row in moved}
         self._n = len(keep)
-        self.ready = 0
+        self.ready = int(np.count_nonzero(self._status[: self._n] != _PENDING))
         self._woken = False
 
     # --- outside the lock --------------------------------------------------------------------
