@@ -11,6 +11,7 @@ actions with it. ``step_many`` has no logged form, so vectorized mode asks for e
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +34,9 @@ _numbers = itertools.count()
 
 @dataclass
 class Script:
-    """One episode's calls: ("act", {agent: logged action or None}), ("reward", {agent: r}),
-    ("done", agent) and a final ("end", [agents], truncated). Agent ids are as the client
-    gives them (ints or strings); single-agent scripts use SINGLE."""
+    """One episode's calls: ("act", {agent: logged action or None}), ("reward", {agent: r},
+    info or None), ("done", agent) and a final ("end", [agents], truncated). Agent ids are as
+    the client gives them (ints or strings); single-agent scripts use SINGLE."""
 
     multiagent: bool
     training_enabled: bool
@@ -55,6 +56,7 @@ class Agent:
     t: int = 0
     pending: tuple[Any, Any] | None = None  # (observation, action or CHOSEN)
     reward: float = 0.0
+    info: Any = None
     terminated: bool = False
     length: int = 0
     ret: float = 0.0
@@ -70,12 +72,22 @@ class Model:
         state = self.agents[agent_id]
         assert state.pending is not None
         obs, action = state.pending
-        self.rows.append({"agent_id": agent_id, "t": state.t, "observation": obs,
-                          "action": action, "reward": state.reward, "next_observation": next_obs,
-                          "terminated": terminated, "truncated": truncated and not terminated,
-                          "training_enabled": self.training_enabled})  # fmt: skip
+        self.rows.append(
+            {
+                "agent_id": agent_id,
+                "t": state.t,
+                "observation": obs,
+                "action": action,
+                "reward": state.reward,
+                "next_observation": next_obs,
+                "terminated": terminated,
+                "truncated": truncated and not terminated,
+                "training_enabled": self.training_enabled,
+                "info": state.info,
+            }
+        )
         state.t, state.length, state.ret = state.t + 1, state.length + 1, state.ret + state.reward
-        state.pending, state.reward = None, 0.0
+        state.pending, state.reward, state.info = None, 0.0, None
         state.terminated = state.terminated or terminated
 
     def valid(self, op: tuple[Any, ...]) -> bool:
@@ -92,6 +104,7 @@ class Model:
                 state = self.agents.get(str(agent))
                 if state is not None and state.pending is not None:
                     state.reward += reward
+                    state.info = op[2] if op[2] is not None else state.info
         elif kind == "done":
             self.agents[str(op[1])].terminated = True
         elif kind == "act":
@@ -108,8 +121,12 @@ class Model:
                 if state.pending is None:
                     continue
                 if agent_id in seen:
-                    self.row(agent_id, observation(n, agent_id_of(observed, agent_id)),
-                             not truncated or state.terminated, truncated)  # fmt: skip
+                    self.row(
+                        agent_id,
+                        observation(n, agent_id_of(observed, agent_id)),
+                        not truncated or state.terminated,
+                        truncated,
+                    )
                 else:
                     self.row(agent_id, state.pending[0], state.terminated, True)
 
@@ -119,12 +136,19 @@ class Model:
         seen = {str(agent) for agent in observed}
         agents = self.agents or {SINGLE: Agent()}
         return [
-            {"agent_id": agent_id, "length": state.length, "return": state.ret,
-             "end_reason": "terminated" if state.terminated else
-             "truncated" if agent_id not in seen else reason,
-             "training_enabled": self.training_enabled}
+            {
+                "agent_id": agent_id,
+                "length": state.length,
+                "return": state.ret,
+                "end_reason": "terminated"
+                if state.terminated
+                else "truncated"
+                if agent_id not in seen
+                else reason,
+                "training_enabled": self.training_enabled,
+            }
             for agent_id, state in agents.items()
-        ]  # fmt: skip
+        ]
 
 
 def agent_id_of(observed: list[Any], agent_id: str) -> Any:
@@ -145,6 +169,7 @@ def normalized(script: Script) -> tuple[Script, Model]:
 # --- scripts --------------------------------------------------------------------------------
 
 rewards = st.sampled_from([0.0, 0.25, 1.0, -2.5, 4.0])
+infos = st.sampled_from([None, None, {"k": 1}, {"k": [1, "x"]}])
 
 
 @st.composite
@@ -156,11 +181,16 @@ def scripts(draw: st.DrawFn) -> Script:
     some = st.lists(st.sampled_from(ids), min_size=1, max_size=3, unique=True)
     act = st.builds(
         lambda agents, logged, action: ("act", {a: action if logged else None for a in agents}),
-        some, st.booleans(), st.integers(0, 1),
-    )  # fmt: skip
-    reward = st.builds(lambda agents, r: ("reward", {a: r for a in agents}), some, rewards)
-    kinds = [act, reward] + ([st.builds(lambda a: ("done", a), st.sampled_from(ids))]
-                             if multiagent else [])  # fmt: skip
+        some,
+        st.booleans(),
+        st.integers(0, 1),
+    )
+    reward = st.builds(
+        lambda agents, r, info: ("reward", {a: r for a in agents}, info), some, rewards, infos
+    )
+    kinds = [act, reward] + (
+        [st.builds(lambda a: ("done", a), st.sampled_from(ids))] if multiagent else []
+    )
     ops = draw(st.lists(st.one_of(kinds), max_size=7))
     ops.append(("end", draw(some), draw(st.booleans())))
     return Script(multiagent, draw(st.booleans()), draw(st.none() | st.integers(0, 9)), ops)
@@ -178,7 +208,8 @@ def play(client: PolicyClient, script: Script, episode_id: str) -> None:
     client.start_episode(episode_id, script.training_enabled, seed=script.seed)
     for n, op in enumerate(script.ops):
         if op[0] == "reward":
-            client.log_returns(episode_id, keyed(script, op[1]))
+            info = op[2] if op[2] is None or not script.multiagent else dict.fromkeys(op[1], op[2])
+            client.log_returns(episode_id, keyed(script, op[1]), info)
         elif op[0] == "done":
             client.log_returns(episode_id, {}, multiagent_done_dict={op[1]: True})
         elif op[0] == "act":
@@ -198,15 +229,23 @@ def play_vector(client: PolicyClient, script: Script, episode_id: str) -> None:
     """A single-agent script through step_many: rewards ride on the next row, the first row
     starts the episode."""
     reward, start = 0.0, [{"training_enabled": script.training_enabled, "seed": script.seed}]
+    info = None
     for n, op in enumerate(script.ops):
         if op[0] == "reward":
-            reward += op[1][SINGLE]
+            reward, info = reward + op[1][SINGLE], op[2] if op[2] is not None else info
             continue
         end = op[0] == "end"
-        step_many(client, [episode_id], np.array([observation(n, SINGLE)], np.float32),
-                  rewards=[reward], terminated=[end and not op[2]], truncated=[end and op[2]],
-                  starts=start)  # fmt: skip
-        reward, start = 0.0, None  # type: ignore[assignment]
+        step_many(
+            client,
+            [episode_id],
+            np.array([observation(n, SINGLE)], np.float32),
+            rewards=[reward],
+            terminated=[end and not op[2]],
+            truncated=[end and op[2]],
+            starts=start,
+            infos=[info],
+        )
+        reward, start, info = 0.0, None, None  # type: ignore[assignment]
 
 
 # --- the test -------------------------------------------------------------------------------
@@ -229,13 +268,20 @@ def stored(running: Running, data: Path, episode_id: str) -> tuple[pd.DataFrame,
     return steps.sort_values(["agent_id", "t"]), episodes.sort_values("agent_id")
 
 
-def check(steps: pd.DataFrame, episodes: pd.DataFrame, model: Model, script: Script,
-          chosen_only: bool, mode: str) -> None:  # fmt: skip
+def check(
+    steps: pd.DataFrame,
+    episodes: pd.DataFrame,
+    model: Model,
+    script: Script,
+    chosen_only: bool,
+    mode: str,
+) -> None:
     expected = sorted(model.rows, key=lambda row: (row["agent_id"], row["t"]))
     got = []
     for row in steps.to_dict("records"):
         assert row["action"] in (0, 1) and pd.isna(row["action_logp"]), (mode, row)
-        assert pd.isna(row["policy_version"]) and pd.isna(row["info"]), (mode, row)
+        assert pd.isna(row["policy_version"]), (mode, row)
+        row["info"] = None if pd.isna(row["info"]) else json.loads(row["info"])
         got.append({key: row[key] for key in expected[0]} if expected else row)
         for key in ("observation", "next_observation"):
             got[-1][key] = [float(x) for x in row[key]]
@@ -251,8 +297,12 @@ def check(steps: pd.DataFrame, episodes: pd.DataFrame, model: Model, script: Scr
     assert (episodes["started_at"] <= episodes["ended_at"]).all(), mode
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=50,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(script=scripts())
 def test_every_mode_stores_the_rows_of_the_rules(
     server: tuple[Running, Path], script: Script
@@ -262,8 +312,12 @@ def test_every_mode_stores_the_rows_of_the_rules(
     number = next(_numbers)
     modes = ["remote", "local"] + ([] if script.multiagent else ["vector"])
     for mode in modes:
-        client = PolicyClient(running.url, "local" if mode == "local" else "remote",
-                              upload_interval_s=0.01, seed=number)  # fmt: skip
+        client = PolicyClient(
+            running.url,
+            "local" if mode == "local" else "remote",
+            upload_interval_s=0.01,
+            seed=number,
+        )
         episode_id = f"{mode}-{number}"
         if mode == "vector":
             play_vector(client, script, episode_id)
@@ -271,5 +325,11 @@ def test_every_mode_stores_the_rows_of_the_rules(
             play(client, script, episode_id)
         assert client.close(10), mode
         steps, episodes = stored(running, data, episode_id)
-        check(steps, episodes, Model(**{**model.__dict__, "rows": list(map(dict, model.rows))}),
-              script, mode == "vector", mode)  # fmt: skip
+        check(
+            steps,
+            episodes,
+            Model(**{**model.__dict__, "rows": list(map(dict, model.rows))}),
+            script,
+            mode == "vector",
+            mode,
+        )

@@ -80,3 +80,29 @@ def test_a_healthy_server_gets_batches_straight_from_memory(tmp_path: Path) -> N
     assert [p.name for p in tmp_path.glob("*.arrows")] == ["c1-0000000001-steps.arrows"]
     uploader.close(0.1)
     assert delivered == [0]
+
+
+def test_rows_a_batch_cannot_be_built_from_stay_and_close_says_so(tmp_path: Path) -> None:
+    """A build failure (int agent ids once did this) keeps the rows, spools the batches built
+    before it, surfaces the error and makes close() return False: nothing vanishes quietly."""
+    delivered: list[tuple[str, list[int]]] = []
+
+    def build(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
+        if table == "episodes":
+            raise ValueError("field 'agent_id': expected string, got int")
+        return _build(table, rows)
+
+    def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
+        delivered.append((table, _rows(body)))
+        return None
+
+    uploader = Uploader("c1", build, send, Spool(tmp_path), max_rows=10, interval_s=0.01)
+    uploader.add("steps", [{"n": 0}])
+    uploader.add("episodes", [{"n": 9}])
+    assert not uploader.flush(5)
+    assert isinstance(uploader.failure, ValueError)
+    assert uploader._rows == {"steps": [], "episodes": [{"n": 9}]}  # kept, not dropped
+    assert not uploader.close(0.5)
+    steps = [rows for table, rows in delivered if table == "steps"]
+    spooled = [_rows(path.read_bytes()) for path in tmp_path.glob("*-steps.arrows")]
+    assert steps + spooled == [[0]]  # the batch built before the failure is not lost either

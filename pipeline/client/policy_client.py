@@ -248,10 +248,15 @@ class PolicyClient:
         return self._uploader.flush(timeout_s) if self._uploader is not None else True
 
     def close(self, timeout_s: float = 30.0) -> bool:
-        """Deliver what can be delivered, then stop; undelivered batches stay in the spool."""
+        """Deliver what can be delivered, then stop; True when every step is on the server.
+
+        Remote mode sends the rewards still held for a next request; local mode closes the
+        episodes still open as the server closes abandoned ones, and undelivered batches stay
+        in the spool."""
         if self._uploader is None:
+            delivered = self._send_held()
             self._http.close()
-            return True
+            return delivered
         if self._local is not None:  # as the server closes the episodes a client abandons
             self._local.close_all()
         delivered = self._uploader.close(timeout_s)
@@ -299,6 +304,22 @@ class PolicyClient:
         state.sent()
         answer: dict[str, Any] = response.json()
         return answer
+
+    def _send_held(self) -> bool:
+        """Rewards logged since an open episode's last request, sent on their own."""
+        for episode_id, state in self._remote.items():
+            body = state.held()
+            if body is None:
+                continue
+            try:
+                self._http.call(
+                    "POST", f"/v1/episodes/{quote(episode_id, safe='')}/returns", json=body
+                )
+            except ServerError as error:
+                _log.warning("rewards of episode '%s' were not delivered: %s", episode_id, error)
+                return False
+            state.rewards, state.infos, state.dones = {}, {}, {}
+        return True
 
     def _decode(self, answer: dict[str, Any]) -> Any:
         if "actions" in answer:

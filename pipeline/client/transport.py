@@ -345,13 +345,17 @@ class AgentIds:
         for key, value in mapping.items():
             given = int(key) if isinstance(key, np.integer) else key
             if isinstance(given, bool) or not isinstance(given, int | str):
-                raise SchemaError.single(field, "agent ids that are strings or integers",
-                                         f"{type(key).__name__} {key!r}")  # fmt: skip
+                raise SchemaError.single(
+                    field, "agent ids that are strings or integers", f"{type(key).__name__} {key!r}"
+                )
             text = str(given)
             known = self._given.setdefault(text, given)
             if type(known) is not type(given):
-                raise SchemaError.single(field, f"one agent per agent_id: {known!r} and {given!r} "
-                                         f"are both stored as '{text}'", repr(given))  # fmt: skip
+                raise SchemaError.single(
+                    field,
+                    f"one agent per agent_id: {known!r} and {given!r} are both stored as '{text}'",
+                    repr(given),
+                )
             out[text] = value
         return out
 
@@ -379,8 +383,11 @@ class RemoteEpisode:
                 math.isfinite(total) and math.isfinite(self.sent_rewards.get(agent_id, 0.0) + total)
             ):
                 name = "reward" if agent_id == layout.DEFAULT_AGENT_ID else f"rewards.{agent_id}"
-                raise SchemaError.single(name, "a reward that keeps the step's reward sum and "
-                                         "the return finite", repr(reward))  # fmt: skip
+                raise SchemaError.single(
+                    name,
+                    "a reward that keeps the step's reward sum and the return finite",
+                    repr(reward),
+                )
             sums[agent_id] = total
         self.rewards.update(sums)
         self.infos.update(infos)
@@ -396,6 +403,15 @@ class RemoteEpisode:
             body.update(observation=observation, reward=self.rewards.get(agent, 0.0),
                         info=jsonable(self.infos.get(agent)))  # fmt: skip
         return body
+
+    def held(self) -> dict[str, Any] | None:
+        """What is held for the next request as a ``returns`` body (None: nothing held)."""
+        if not (self.rewards or self.infos or self.dones):
+            return None
+        agent = layout.DEFAULT_AGENT_ID
+        if not self.dones and set(self.rewards) | set(self.infos) <= {agent}:
+            return {"reward": self.rewards.get(agent, 0.0), "info": jsonable(self.infos.get(agent))}
+        return {"rewards": self.rewards, "infos": jsonable(self.infos), "dones": self.dones}
 
     def sent(self) -> None:
         self.request += 1

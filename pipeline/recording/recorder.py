@@ -46,9 +46,14 @@ def reward_field(agent_id: str) -> str:
 def unattributed(episode_id: str, agent_id: str, reward: float) -> None:
     """Report a reward that belongs to no transition (the agent has no pending step)."""
     if reward:
-        _log.warning("episode '%s', agent '%s': reward %r was logged while the agent had no "
-                     "pending action (before its first, or after its last); it belongs to no "
-                     "transition and is not stored", episode_id, agent_id, reward)  # fmt: skip
+        _log.warning(
+            "episode '%s', agent '%s': reward %r was logged while the agent had no "
+            "pending action (before its first, or after its last); it belongs to no "
+            "transition and is not stored",
+            episode_id,
+            agent_id,
+            reward,
+        )
 
 
 @dataclass
@@ -81,9 +86,10 @@ class AgentState:
         total = self.reward + reward
         if not (math.isfinite(total) and math.isfinite(self.episode_return + total)):
             raise SchemaError.single(
-                field, "a reward that keeps the step's reward sum and the return finite",
+                field,
+                "a reward that keeps the step's reward sum and the return finite",
                 f"{reward!r} (pending {self.reward!r}, return {self.episode_return!r})",
-            )  # fmt: skip
+            )
         return total
 
     def advance(self, reward: float, terminated: bool) -> None:
@@ -123,11 +129,17 @@ class Episode:
         if self.multiagent is None:
             self.multiagent = multiagent
         elif self.multiagent != multiagent:
-            want, got = ("observations", "observation") if self.multiagent else (
-                "observation", "observations")  # fmt: skip
-            raise SchemaError.single(want, f"'{want}': episode '{self.episode_id}' is "
-                                     f"{'multi' if self.multiagent else 'single'}-agent",
-                                     f"'{got}'")  # fmt: skip
+            want, got = (
+                ("observations", "observation")
+                if self.multiagent
+                else ("observation", "observations")
+            )
+            raise SchemaError.single(
+                want,
+                f"'{want}': episode '{self.episode_id}' is "
+                f"{'multi' if self.multiagent else 'single'}-agent",
+                f"'{got}'",
+            )
 
     def agent(self, agent_id: str) -> AgentState:
         state = self.agents.get(agent_id)
@@ -154,12 +166,19 @@ class Episode:
                                   terminated, truncated))  # fmt: skip
         return rows
 
-    def close_rows(self, rewards: dict[str, float], truncated: bool,
-                   terminated: dict[str, bool] | None = None) -> list[Row]:  # fmt: skip
+    def close_rows(
+        self,
+        rewards: dict[str, float],
+        truncated: bool,
+        terminated: dict[str, bool] | None = None,
+        infos: dict[str, Any] | None = None,
+    ) -> list[Row]:
         """Rows for agents still pending after an end request that did not observe them."""
-        flags = terminated or {}
+        flags, infos = terminated or {}, infos or {}
         return [
-            self._row(agent_id, state, pending, pending.observation, rewards, {}, flags, truncated)
+            self._row(
+                agent_id, state, pending, pending.observation, rewards, infos, flags, truncated
+            )
             for agent_id, state in self.agents.items()
             if (pending := state.pending) is not None
         ]
@@ -193,9 +212,14 @@ class Episode:
             "client_id": self.client_id,
         }
 
-    def end_rows(self, observations: dict[str, Any], rewards: dict[str, float],
-                 infos: dict[str, Any], truncated: bool,
-                 dones: dict[str, bool] | None = None) -> list[Row]:  # fmt: skip
+    def end_rows(
+        self,
+        observations: dict[str, Any],
+        rewards: dict[str, float],
+        infos: dict[str, Any],
+        truncated: bool,
+        dones: dict[str, bool] | None = None,
+    ) -> list[Row]:
         """Rows of an end request: the observed agents' pending steps end as it says; any other
         agent's pending step ends truncated at its own observation (it was cut, not ended),
         unless a done flag (``dones``, or logged before) says it terminated."""
@@ -209,9 +233,10 @@ class Episode:
                 unattributed(self.episode_id, agent_id, reward)
         observed = {row["agent_id"] for row in rows}
         rows += [
-            row for row in self.close_rows(unobserved, truncated=True, terminated=terminated)
+            row
+            for row in self.close_rows(unobserved, True, terminated, infos)
             if row["agent_id"] not in observed
-        ]  # fmt: skip
+        ]
         return rows
 
     def commit(self, written: list[Row], pending: dict[str, Pending]) -> None:
@@ -264,8 +289,9 @@ class Episode:
             if flag:
                 self.agent(agent_id).terminated = True
 
-    def summary_rows(self, end_reason: str, uncommitted: Sequence[Row] = (),
-                     observed: set[str] | None = None) -> list[Row]:  # fmt: skip
+    def summary_rows(
+        self, end_reason: str, uncommitted: Sequence[Row] = (), observed: set[str] | None = None
+    ) -> list[Row]:
         """One episodes-table row per agent; an agent's own termination wins over the reason.
 
         ``uncommitted``: step rows of this episode written with the summaries but not yet

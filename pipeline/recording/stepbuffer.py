@@ -129,8 +129,9 @@ class StepBuffer:
         with self._lock:
             row = self._pending.get(episode.episode_id)
             if row is not None:
-                self._complete(episode.episode_id, state, self._observation[row].copy(), False,
-                               True)  # fmt: skip
+                self._complete(
+                    episode.episode_id, state, self._observation[row].copy(), False, True
+                )
 
     def pending(self, episode_id: str) -> bool:
         return episode_id in self._pending
