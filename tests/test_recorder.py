@@ -54,6 +54,20 @@ def test_integer_agent_ids_are_stored_as_text_and_answered_as_given(
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("agent_id", ["", 1.5, True, None])
+def test_agent_ids_that_cannot_be_stored_are_refused_at_the_call(
+    tmp_path: Path, mode: str, agent_id: object
+) -> None:
+    with running_server(cartpole_config(tmp_path / "ds")) as server:
+        client = PolicyClient(server.url, mode, spool_dir=tmp_path / "spool", seed=0)
+        episode = client.start_episode("e")
+        with pytest.raises(SchemaError, match="field 'observations': expected agent ids that"):
+            client.get_action(episode, {agent_id: _obs(0)})
+        client.end_episode(episode, {"a": _obs(1)})
+        assert client.close(10)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_reward_before_the_first_action_belongs_to_no_transition(
     tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from math import isfinite
 from typing import Any
 
 import gymnasium as gym
@@ -83,12 +84,15 @@ class LocalInference:
 
     def add_reward(self, episode_id: str, reward: float) -> None:
         """log_returns for one agent with nothing but a reward: the common case, kept short."""
-        episode = self.episode(episode_id)
-        state = episode.agents.get(_AGENT)
+        state = self.episode(episode_id).agents.get(_AGENT)
         if state is None or state.pending is None:
             unattributed(episode_id, _AGENT, reward)
             return
-        state.reward = state.with_reward(reward)
+        total = state.reward + reward  # AgentState.with_reward's check, inlined: a step's cost
+        if isfinite(total) and isfinite(state.episode_return + total):
+            state.reward = total
+        else:
+            state.with_reward(reward)  # raises, naming the field
 
     def add_returns(self, episode_id: str, rewards: dict[str, float], infos: dict[str, Any],
                     dones: dict[str, bool]) -> None:  # fmt: skip

@@ -344,9 +344,11 @@ class AgentIds:
         out = {}
         for key, value in mapping.items():
             given = int(key) if isinstance(key, np.integer) else key
-            if isinstance(given, bool) or not isinstance(given, int | str):
+            if isinstance(given, bool) or not isinstance(given, int | str) or given == "":
                 raise SchemaError.single(
-                    field, "agent ids that are strings or integers", f"{type(key).__name__} {key!r}"
+                    field,
+                    "agent ids that are non-empty strings or integers",
+                    f"{type(key).__name__} {key!r}",
                 )
             text = str(given)
             known = self._given.setdefault(text, given)
