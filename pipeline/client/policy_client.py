@@ -36,23 +36,18 @@ import requests
 from pipeline.client import vector
 from pipeline.client.local import LocalInference
 from pipeline.client.spool import Spool, Uploader
-from pipeline.client.transport import (
-    ARROW_TYPE,
-    AgentIds,
-    Http,
-    RemoteEpisode,
-    jsonable,
-    parse_spaces,
-)
+from pipeline.client.transport import ARROW_TYPE, Http, RemoteEpisode, jsonable, parse_spaces
 from pipeline.errors import (
     ConfigError,
     EpisodeError,
     SchemaError,
+    ServerError,
     ServerUnavailable,
 )
 from pipeline.format import layout
 from pipeline.policy.checkpoint import load_checkpoint
 from pipeline.policy.network import policy_for
+from pipeline.recording.recorder import AgentIds
 
 INFERENCE_MODES = ("local", "remote")
 _log = logging.getLogger("rlpipe.client")

@@ -327,44 +327,6 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-class AgentIds:
-    """One episode's agent ids: any JSON scalar the simulator uses (a string or an integer,
-    as RLlib's multi-agent envs do) becomes the text the wire and the ``agent_id`` column
-    carry, and answers are keyed by the ids as given again."""
-
-    def __init__(self) -> None:
-        self._given: dict[str, Any] = {}
-
-    def encode(self, mapping: Mapping[Any, Any], field: str) -> dict[str, Any]:
-        """``mapping`` keyed by text; 1 and "1" in one episode are refused (one column value).
-
-        Raises:
-            SchemaError: naming ``field``, for an id of another type or one that clashes.
-        """
-        out = {}
-        for key, value in mapping.items():
-            given = int(key) if isinstance(key, np.integer) else key
-            if isinstance(given, bool) or not isinstance(given, int | str) or given == "":
-                raise SchemaError.single(
-                    field,
-                    "agent ids that are non-empty strings or integers",
-                    f"{type(key).__name__} {key!r}",
-                )
-            text = str(given)
-            known = self._given.setdefault(text, given)
-            if type(known) is not type(given):
-                raise SchemaError.single(
-                    field,
-                    f"one agent per agent_id: {known!r} and {given!r} are both stored as '{text}'",
-                    repr(given),
-                )
-            out[text] = value
-        return out
-
-    def decode(self, mapping: Mapping[str, Any]) -> dict[Any, Any]:
-        return {self._given.get(key, key): value for key, value in mapping.items()}
-
-
 class RemoteEpisode:
     """What rides on the next request: rewards, infos and done flags logged since the last."""
 

@@ -17,7 +17,8 @@ The rules (``docs/protocol.md``, "What a step row holds") live here, once, for e
 rewards accrue to the agent's pending step (none logged means 0.0); a reward (or info) logged
 while an agent has no pending step, before its first action or after its last, belongs to no
 transition: it is not stored, and :func:`unattributed` logs a warning; a reward that would make
-the pending sum or the agent's return non-finite is refused at the call that gave it.
+the pending sum or the agent's return non-finite is refused at the call that gave it; agent ids
+of any JSON scalar type the client uses become text once, in :class:`AgentIds`.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.format import layout
+import numpy as np
+
 from pipeline.errors import SchemaError
+from pipeline.format import layout
 
 Row = dict[str, Any]
 _log = logging.getLogger("rlpipe.recorder")
@@ -54,6 +57,44 @@ def unattributed(episode_id: str, agent_id: str, reward: float) -> None:
             agent_id,
             reward,
         )
+
+
+class AgentIds:
+    """One episode's agent ids: any JSON scalar the simulator uses (a string or an integer,
+    as RLlib's multi-agent envs do) becomes the text the wire and the ``agent_id`` column
+    carry, and answers are keyed by the ids as given again."""
+
+    def __init__(self) -> None:
+        self._given: dict[str, Any] = {}
+
+    def encode(self, mapping: Mapping[Any, Any], field: str) -> dict[str, Any]:
+        """``mapping`` keyed by text; 1 and "1" in one episode are refused (one column value).
+
+        Raises:
+            SchemaError: naming ``field``, for an id of another type or one that clashes.
+        """
+        out = {}
+        for key, value in mapping.items():
+            given = int(key) if isinstance(key, np.integer) else key
+            if isinstance(given, bool) or not isinstance(given, int | str) or given == "":
+                raise SchemaError.single(
+                    field,
+                    "agent ids that are non-empty strings or integers",
+                    f"{type(key).__name__} {key!r}",
+                )
+            text = str(given)
+            known = self._given.setdefault(text, given)
+            if type(known) is not type(given):
+                raise SchemaError.single(
+                    field,
+                    f"one agent per agent_id: {known!r} and {given!r} are both stored as '{text}'",
+                    repr(given),
+                )
+            out[text] = value
+        return out
+
+    def decode(self, mapping: Mapping[str, Any]) -> dict[Any, Any]:
+        return {self._given.get(key, key): value for key, value in mapping.items()}
 
 
 @dataclass
