@@ -33,4 +33,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/learn.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
