@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import SchemaError
+from pipeline.format import layout
 from pipeline.recording.recorder import Episode, Pending, unattributed
 from server import replays
 from server.combiner import Combiner

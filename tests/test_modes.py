@@ -1,7 +1,8 @@
 """Same calls, same rows (docs/protocol.md, "What a step row holds"): hypothesis generates
 sequences of client calls and plays each against one real server in remote mode, local mode and
-(single-agent sequences) vectorized mode (pipeline.client.vector.step_many). Every mode's stored step and
-episode rows, timestamps and client ids aside, must equal a small reference model of the rules.
+(single-agent sequences) vectorized mode (pipeline.client.vector.step_many). Every mode's stored
+step and episode rows, timestamps and client ids aside, must equal a small reference model of the
+rules.
 
 Actions: the server has no checkpoint, so both modes act at random; rows of actions the policy
 chose are compared without their ``action`` value (checked to lie in the space), rows of logged

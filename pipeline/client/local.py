@@ -21,10 +21,10 @@ import pyarrow as pa
 
 from pipeline.client.transport import jsonable, row_of
 from pipeline.errors import EpisodeError
+from pipeline.format import codec, layout, schema
 from pipeline.policy.network import NumpyPolicy
 from pipeline.recording.recorder import Episode, Pending, unattributed
 from pipeline.recording.stepbuffer import StepBuffer, fits
-from pipeline.client.transport import jsonable, row_of
 
 _AGENT = layout.DEFAULT_AGENT_ID
 Emit = Callable[[str, Sequence[Mapping[str, Any]]], None]  # (table, rows) to upload

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import SchemaError
+from pipeline.format import codec, layout, schema, spaces
 from pipeline.recording.recorder import AgentState, Episode, Pending
 
 _AGENT = layout.DEFAULT_AGENT_ID
