@@ -20,7 +20,8 @@ from pipeline.format import spaces
 from server import errors, handlers, openapi
 from server.bodies import parse_json
 from server.config import ServerConfig
-from server.service import ACT, END, LOG, Service
+from server.requests import ACT, END, LOG
+from server.service import Service
 from server.weights import weights_response
 from server.wsgi import FastPath
 

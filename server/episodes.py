@@ -1,4 +1,18 @@
-"""The server's open episodes, and the ids of recently ended ones (so late requests get 409)."""
+"""The server's open episodes, the ids of recently ended ones (so late requests get 409), and
+retried requests recognised.
+
+A client numbers its requests within each episode (1, 2, 3, ...), so a request sent again after
+its answer was lost gets the answer it got the first time and its rows are not stored twice
+(``docs/protocol.md``, "Retrying is safe"). A batch request (many episodes' rows) is run whole or
+not at all, so a retry of it repeats the last request of every numbered row, or of none; a batch
+that repeats some and not others is not the batch that was sent, and gets a 409 rather than half
+its rows stored twice.
+
+A retry is recognised in its step, under its episodes' locks, so a copy that arrives while the
+first try still runs (the client gave up waiting) waits for it and then finds its answers. A
+retry that finds an episode the first try ended gets a 409 on its way, and looks for its answers
+there (:func:`server.handlers.late_replay`).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +22,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.recording.recorder import Episode
+from pipeline.recording.episode import Episode
 from server.errors import ApiError
+
+Last = tuple[int, Any] | None  # an episode's last numbered request and the answer it got
 
 
 class EpisodeBook:
@@ -21,7 +37,7 @@ class EpisodeBook:
 
     def __init__(self, remember_ended: int = 100_000) -> None:
         self._open: dict[str, Episode] = {}
-        self._ended: OrderedDict[str, tuple[int, Any] | None] = OrderedDict()  # last answer
+        self._ended: OrderedDict[str, Last] = OrderedDict()  # last answer
         self._remember = remember_ended
         self._lock = threading.Lock()
 
@@ -36,8 +52,11 @@ class EpisodeBook:
             existing = self._open.get(episode.episode_id)
             if existing is not None:
                 if existing.client_id != episode.client_id:
-                    raise ApiError(409, f"episode '{episode.episode_id}' is already open for "
-                                        "another client; choose another episode_id")  # fmt: skip
+                    raise ApiError(
+                        409,
+                        f"episode '{episode.episode_id}' is already open for "
+                        "another client; choose another episode_id",
+                    )
                 return existing, False
             self._open[episode.episode_id] = episode
             return episode, True
@@ -57,8 +76,9 @@ class EpisodeBook:
                 return episode
             if episode_id in self._ended:
                 raise ApiError(409, ended_message(episode_id))
-        raise ApiError(404, f"episode '{episode_id}' is not open on this server; call "
-                            "start_episode() first")  # fmt: skip
+        raise ApiError(
+            404, f"episode '{episode_id}' is not open on this server; call start_episode() first"
+        )
 
     def get_many(self, episode_ids: list[str]) -> list[Episode]:
         """:meth:`get` for many ids under one acquisition of the lock."""
@@ -78,7 +98,7 @@ class EpisodeBook:
             while len(self._ended) > self._remember:
                 self._ended.popitem(last=False)
 
-    def last_requests(self, episode_ids: list[str]) -> list[tuple[int, Any] | None]:
+    def last_requests(self, episode_ids: list[str]) -> list[Last]:
         """Each episode's last numbered request and its answer, open or recently ended (None if
         it has none or is unknown): what a retried batch is recognised by before it starts or
         finds its episodes."""
@@ -106,9 +126,64 @@ def refuse_repeats(episode_ids: Sequence[str], field: str) -> None:
     counts = Counter(episode_ids)
     twice = next((episode_id for episode_id in episode_ids if counts[episode_id] > 1), None)
     if twice is not None:
-        raise ApiError(400, f"field '{field}': expected each episode at most once per request, "
-                            f"got '{twice}' twice")  # fmt: skip
+        raise ApiError(
+            400,
+            f"field '{field}': expected each episode at most once per request, got '{twice}' twice",
+        )
 
 
 def ended_message(episode_id: str) -> str:
     return f"episode '{episode_id}' has ended; call start_episode() for a new one"
+
+
+def replayed_rows(
+    episode_ids: Sequence[str],
+    requests: Sequence[int | None],
+    lasts: Sequence[Last],
+    field: str = "requests",
+) -> list[dict[str, Any]] | None:
+    """Each row's earlier answer when every row repeats its episode's last request; None when
+    none does (the request is new); a 409 when some do and some do not."""
+    answers = [
+        last[1] if request is not None and last is not None and last[0] == request else None
+        for request, last in zip(requests, lasts, strict=True)
+    ]
+    repeated = len(answers) - answers.count(None)
+    if repeated == 0:
+        return None
+    if repeated < len(answers):
+        again = [i for i, answer in zip(episode_ids, answers, strict=True) if answer is not None]
+        new = [i for i, answer in zip(episode_ids, answers, strict=True) if answer is None]
+        raise ApiError(
+            409,
+            f"field '{field}': episodes {_few(again)} repeat their last request "
+            f"and episodes {_few(new)} do not; send a retried batch again whole, "
+            "as it was first sent",
+        )
+    return [answer for answer in answers if answer is not None]  # all of them
+
+
+def replayed(
+    episodes: Sequence[Episode], requests: Sequence[int | None], field: str = "request"
+) -> list[dict[str, Any]] | None:
+    """With the episodes' locks held: :func:`replayed_rows`, and for a new request, a 409
+    unless each numbered row is the next request of its episode."""
+    if all(r is None or r == e.requests + 1 for e, r in zip(episodes, requests, strict=True)):
+        return None  # the usual case, each row its episode's next request (never a repeat)
+    ids = [episode.episode_id for episode in episodes]
+    answers = replayed_rows(ids, requests, [e.last_request for e in episodes], field)
+    if answers is None:
+        for episode, request in zip(episodes, requests, strict=True):
+            if request is not None and request != episode.requests + 1:
+                raise ApiError(
+                    409,
+                    f"field '{field}': expected {episode.requests + 1} (the next "
+                    f"request of episode '{episode.episode_id}'), "
+                    f"got {request}",
+                )
+    return answers
+
+
+def _few(ids: list[str]) -> str:
+    shown = ", ".join(repr(i) for i in ids[:3])
+    return f"[{shown}{', ...' if len(ids) > 3 else ''}]"

@@ -1,10 +1,9 @@
 """Remote inference: the newest published checkpoint, run on many requests' observations at once.
 
-Requests that arrive while a forward pass runs queue up, and the next pass runs all of them
-together (:mod:`server.combiner`; single-agent steps of a Box space queue in the columnar step
-pass of :mod:`server.columns`, others here), so under load one matrix product serves many
-clients, and a lone client never waits for company. Until a trainer publishes a checkpoint the
-server samples actions uniformly, and says so in health.
+Requests that arrive while a pass runs queue up, and the next pass (:mod:`server.stepper`)
+runs all of them with one call of :meth:`PolicyRunner.act`, so under load one matrix product
+serves many clients, and a lone client never waits for company. Until a trainer publishes a
+checkpoint the server samples actions uniformly, and says so in health.
 """
 
 from __future__ import annotations
@@ -12,30 +11,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import pyarrow as pa
 
 from pipeline.errors import DatasetError
 from pipeline.format import codec
 from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.policy.network import NumpyPolicy, policy_for
-from server.combiner import Combiner
+from pipeline.recording import batches
 
 _log = logging.getLogger("rlpipe.server")
-
-
-@dataclass
-class Actions:
-    """Actions for one request's observations, as JSON-ready values."""
-
-    actions: list[Any]
-    action_logp: list[float | None]
-    policy_version: int | None
 
 
 class PolicyRunner:
@@ -67,7 +55,6 @@ class PolicyRunner:
         self._poll_s = poll_s
         self._checked = 0.0
         self._rng = np.random.default_rng(seed)
-        self._combiner: Combiner[pa.Array, Actions] = Combiner(self._run)
         self._lock = threading.Lock()
         self.forward_passes = 0
         self.refresh(force=True)
@@ -94,16 +81,17 @@ class PolicyRunner:
     def version(self) -> int | None:
         return self.policy.version if self.policy is not None else None
 
-    def act(self, observations: pa.Array) -> Actions:
-        """Actions for validated observations (an Arrow column), batched with concurrent calls."""
-        return self._combiner.submit(observations)
-
-    def act_array(self, batch: np.ndarray) -> tuple[list[Any], list[float | None], int | None]:
-        """Actions (JSON-ready), their log-probabilities and the policy version for a numpy
-        batch of validated Box observations: the columnar step path's one forward pass."""
-        if not len(batch):
+    def act(self, batch: Any) -> tuple[list[Any], list[float | None], int | None]:
+        """Actions (JSON-ready), their log-probabilities and the policy version for a batch of
+        validated observations (the space's layout: an array for a Box): one forward pass."""
+        n = batches.length(batch)
+        if not n:
             return [], [], self.version
-        if len(batch) == 1 and isinstance(self.action_space, gym.spaces.Discrete):
+        if (
+            n == 1
+            and isinstance(self.action_space, gym.spaces.Discrete)
+            and (isinstance(batch, np.ndarray))
+        ):
             with self._lock:  # one row: the policy's vector path costs a fraction of a batch's
                 self.refresh()
                 policy = self.policy
@@ -111,25 +99,8 @@ class PolicyRunner:
                     self.forward_passes += 1
                     action, logp = policy.act_one(batch[0], self._rng)
                     return [int(action)], [logp], policy.version
-        actions, logp_list, version = self._forward(batch)
+        actions, logp_list, version = self._forward(batch, n)
         return self._values(actions), logp_list, version
-
-    def _run(self, batch: list[pa.Array]) -> list[Actions]:
-        column = pa.concat_arrays(batch)
-        space = self.observation_space
-        if isinstance(space, gym.spaces.Box) and pa.types.is_fixed_size_list(column.type):
-            flat = column.flatten().to_numpy(zero_copy_only=False)  # validated: no nulls
-            observations = flat.reshape((len(column), *space.shape))
-        else:
-            observations = codec.from_arrow(space, column, field="observation")
-        actions, logp, version = self._forward(observations)
-        values = self._values(actions)
-        results, start = [], 0
-        for part in batch:
-            end = start + len(part)
-            results.append(Actions(values[start:end], logp[start:end], version))
-            start = end
-        return results
 
     def _values(self, actions: Any) -> list[Any]:
         if isinstance(self.action_space, gym.spaces.Discrete):
@@ -138,23 +109,14 @@ class PolicyRunner:
         # exactly what the column will hold (and refuses a NaN a bad network made)
         return codec.to_arrow(self.action_space, actions, field="action").to_pylist()
 
-    def _forward(self, observations: Any) -> tuple[Any, list[float | None], int | None]:
-        """One forward pass (or uniform draws), under a lock: the policy's ``rng`` is shared
-        by the columnar path and the general one."""
+    def _forward(self, observations: Any, n: int) -> tuple[Any, list[float | None], int | None]:
+        """One forward pass (or uniform draws), under a lock (the rng is shared)."""
         with self._lock:
             self.refresh()
             self.forward_passes += 1
             policy = self.policy
-            n = len(observations) if not isinstance(observations, dict | tuple) else None
             if policy is None:
-                n = n if n is not None else _length(observations)
                 seed = int(self._rng.integers(2**63))
                 return codec.sample_batch(self.action_space, n, seed), [None] * n, None
             actions, logp = policy.act(observations, self._rng)
             return actions, logp.tolist(), policy.version
-
-
-def _length(batch: Any) -> int:
-    """Rows in a batch of a Dict or Tuple space (a dict or tuple of batches)."""
-    first = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
-    return _length(first) if isinstance(first, dict | tuple) else len(first)

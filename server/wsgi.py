@@ -88,8 +88,7 @@ class FastPath:
         doc = self._json(environ)
         if verb == "returns":
             return 200, handlers.log_returns(self.service, episode_id, doc, counts)
-        kind = handlers.VERBS[verb]
-        return 200, handlers.episode_step(self.service, episode_id, kind, doc, counts)
+        return 200, handlers.episode_step(self.service, episode_id, verb, doc, counts)
 
     def _start(self, environ: dict[str, Any], counts: _Counts) -> tuple[int, Any]:
         doc = self._json(environ)

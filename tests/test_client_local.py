@@ -1,4 +1,4 @@
-"""Local inference's column log (pipeline/client/local.py, pipeline/recording/stepbuffer.py) against
+"""Local inference's column log (pipeline/client/local.py, pipeline/recording/recorder.py) against
 a real server: the rows it uploads are the known ones, whatever the interleaving of episodes and
 uploads."""
 

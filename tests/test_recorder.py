@@ -189,3 +189,23 @@ def test_a_request_observing_only_done_agents_gets_no_actions(tmp_path: Path) ->
         client.close()
     steps = _read(tmp_path / "ds", "steps")
     assert steps["terminated"].tolist() == [True] and steps["t"].tolist() == [0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_end_that_observes_no_agent_ends_every_pending_step(tmp_path: Path, mode: str) -> None:
+    """An end with ``{}`` for observations still ends the episode: each agent's pending step
+    ends truncated at its own last observation (rows were once only made per observed agent)."""
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, mode, spool_dir=tmp_path / "spool", seed=0)
+        episode = client.start_episode("e")
+        client.get_action(episode, {"a": _obs(0, 0), "b": _obs(0, 1)})
+        client.log_returns(episode, {"a": 1.0, "b": 2.0})
+        client.end_episode(episode, {})
+        assert client.close(10)
+    steps = _read(data, "steps").sort_values("agent_id")
+    assert steps["agent_id"].tolist() == ["a", "b"]
+    assert steps["truncated"].tolist() == [True, True] and not steps["terminated"].any()
+    assert steps["reward"].tolist() == [1.0, 2.0]
+    episodes = _read(data, "episodes").sort_values("agent_id")
+    assert episodes["end_reason"].tolist() == ["truncated", "truncated"]

@@ -1,4 +1,4 @@
-"""The columnar step path (server/columns.py) and flat combining (server/combiner.py), over real
+"""The columnar step path (server/stepper.py) and flat combining (server/combiner.py), over real
 HTTP on loopback: the columnar batch form, single steps, concurrent requests sharing passes."""
 
 from __future__ import annotations

@@ -7,13 +7,37 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import pyarrow as pa
 
+from pipeline.client.local import RowBuffer
 from pipeline.client.spool import Spool, Uploader, to_ipc
+from pipeline.recording.episode import AgentState
+from pipeline.recording.recorder import Completion
 
 
 def _build(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([dict(row) for row in rows])
+
+
+class _Waiting:
+    """Rows waiting per table, drained as the uploader's source (the client's RowBuffer
+    holds step rows; these are plain numbers, so the batches are easy to read back)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[dict[str, Any]]] = {"steps": [], "episodes": []}
+
+    @property
+    def ready(self) -> int:
+        return sum(map(len, self.tables.values()))
+
+    def add(self, table: str, rows: list[dict[str, Any]]) -> None:
+        self.tables[table] += rows
+
+    def drain(self) -> list[tuple[str, pa.RecordBatch]]:
+        tables, self.tables = self.tables, {"steps": [], "episodes": []}
+        return [(name, _build(name, rows)) for name, rows in tables.items() if rows]
 
 
 def _rows(batch: bytes) -> list[int]:
@@ -47,11 +71,12 @@ def test_uploader_retries_after_the_wait_the_server_asks_for(tmp_path: Path) -> 
                 delivered.append((client_id, seq, table, _rows(body)))
             return wait
 
-    uploader = Uploader("c1", _build, send, Spool(tmp_path), max_rows=2, interval_s=0.01)
-    uploader.add("steps", [{"n": 0}, {"n": 1}])
-    uploader.add("episodes", [{"n": 9}])
+    waiting = _Waiting()
+    uploader = Uploader("c1", waiting, send, Spool(tmp_path), interval_s=0.01)
+    waiting.add("steps", [{"n": 0}, {"n": 1}])
+    waiting.add("episodes", [{"n": 9}])
     assert uploader.flush(5)
-    uploader.add("steps", [{"n": 2}])
+    waiting.add("steps", [{"n": 2}])
     assert uploader.close(5)
     assert delivered == [
         ("c1", 0, "steps", [0, 1]), ("c1", 1, "episodes", [9]), ("c1", 2, "steps", [2]),
@@ -71,11 +96,12 @@ def test_a_healthy_server_gets_batches_straight_from_memory(tmp_path: Path) -> N
         delivered.append(seq)
         return None
 
-    uploader = Uploader("c1", _build, send, Spool(tmp_path), max_rows=1, interval_s=0.01)
-    uploader.add("steps", [{"n": 0}])
+    waiting = _Waiting()
+    uploader = Uploader("c1", waiting, send, Spool(tmp_path), interval_s=0.01)
+    waiting.add("steps", [{"n": 0}])
     assert uploader.flush(5)
     refuse.set()
-    uploader.add("steps", [{"n": 1}])
+    waiting.add("steps", [{"n": 1}])
     assert not uploader.flush(0.2)
     assert [p.name for p in tmp_path.glob("*.arrows")] == ["c1-0000000001-steps.arrows"]
     uploader.close(0.1)
@@ -83,26 +109,22 @@ def test_a_healthy_server_gets_batches_straight_from_memory(tmp_path: Path) -> N
 
 
 def test_rows_a_batch_cannot_be_built_from_stay_and_close_says_so(tmp_path: Path) -> None:
-    """A build failure (int agent ids once did this) keeps the rows, spools the batches built
-    before it, surfaces the error and makes close() return False: nothing vanishes quietly."""
-    delivered: list[tuple[str, list[int]]] = []
-
-    def build(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
-        if table == "episodes":
-            raise ValueError("field 'agent_id': expected string, got int")
-        return _build(table, rows)
+    """A build failure (int agent ids once did this) keeps the rows in the client's buffer,
+    surfaces the error and makes close() return False: nothing vanishes quietly."""
+    delivered: list[str] = []
 
     def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
-        delivered.append((table, _rows(body)))
+        delivered.append(table)
         return None
 
-    uploader = Uploader("c1", build, send, Spool(tmp_path), max_rows=10, interval_s=0.01)
-    uploader.add("steps", [{"n": 0}])
-    uploader.add("episodes", [{"n": 9}])
+    rows = RowBuffer(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2), 10,
+                     lambda: None)  # fmt: skip
+    observation = np.zeros(2, np.float32)
+    row = ("e", 0, 0, observation, 1, 0.0, observation, True, False, None, None, True, None, "c")
+    rows.add(Completion(rows=[row], advancing=[AgentState()]))  # agent_id 0: not a string
+    uploader = Uploader("c1", rows, send, Spool(tmp_path), interval_s=0.01)
     assert not uploader.flush(5)
-    assert isinstance(uploader.failure, ValueError)
-    assert uploader._rows == {"steps": [], "episodes": [{"n": 9}]}  # kept, not dropped
+    assert uploader.failure is not None
+    assert rows.ready == 1  # kept, not dropped
     assert not uploader.close(0.5)
-    steps = [rows for table, rows in delivered if table == "steps"]
-    spooled = [_rows(path.read_bytes()) for path in tmp_path.glob("*-steps.arrows")]
-    assert steps + spooled == [[0]]  # the batch built before the failure is not lost either
+    assert delivered == [] and not list(tmp_path.glob("*.arrows"))

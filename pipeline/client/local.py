@@ -1,37 +1,98 @@
 """Local inference: the client acts with the policy it pulled and records the steps it takes.
 
-:class:`~pipeline.client.PolicyClient` in ``"local"`` mode hands its verbs here and uploads
-what comes out. Single-agent steps of a Box observation space (most simulators) take the fast
-path: one numpy check of the observation, the policy run on one vector
-(:meth:`~pipeline.policy.NumpyPolicy.act_one`), and a few values written into
-:class:`~pipeline.recording.stepbuffer.StepBuffer`'s columns. Everything else (multi-agent dicts,
-other spaces) goes through :mod:`pipeline.recording.recorder`'s rows. Both make the same rows.
+:class:`~pipeline.client.PolicyClient` in ``"local"`` mode hands its verbs here. Each call goes
+through the step core (:mod:`pipeline.recording.recorder`) exactly as a request does on the
+server: its values checked at the call (a step that cannot be stored is refused there, with a
+``SchemaError``), its rows completed by :func:`~pipeline.recording.recorder.complete`. The rows
+wait in a :class:`RowBuffer` until the upload thread (:mod:`pipeline.client.spool`) drains them
+into Arrow batches.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from math import isfinite
+import threading
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
-from pipeline.client.transport import jsonable, row_of
-from pipeline.errors import EpisodeError
+from pipeline.client.transport import jsonable
+from pipeline.errors import EpisodeError, SchemaError
 from pipeline.format import codec, layout, schema
 from pipeline.policy.network import NumpyPolicy
-from pipeline.recording.recorder import Episode, Pending, unattributed
-from pipeline.recording.stepbuffer import StepBuffer, fits
+from pipeline.recording import batches, recorder
+from pipeline.recording.episode import Episode, Returns
+from pipeline.recording.recorder import CLOSED, Completion, Steps
 
 _AGENT = layout.DEFAULT_AGENT_ID
-Emit = Callable[[str, Sequence[Mapping[str, Any]]], None]  # (table, rows) to upload
+
+
+class RowBuffer:
+    """Complete step rows (as columns) and episode summaries waiting for the upload thread.
+
+    Args:
+        observation_space: the dataset's observation space.
+        action_space: the dataset's action space.
+        ready_rows: complete steps that call ``on_ready``.
+        on_ready: wakes the upload thread (called without the buffer's lock).
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        ready_rows: int,
+        on_ready: Callable[[], None],
+    ) -> None:
+        self._spaces = observation_space, action_space
+        self._schema = schema.step_schema(observation_space, action_space)
+        self._ready_rows, self._on_ready = ready_rows, on_ready
+        self._lock = threading.Lock()
+        self._steps: list[tuple[Any, ...]] = []
+        self._summaries: list[dict[str, Any]] = []
+
+    @property
+    def ready(self) -> int:
+        """Rows waiting: steps and summaries."""
+        return len(self._steps) + len(self._summaries)
+
+    def add(self, done: Completion) -> None:
+        if not done.rows and not done.summaries:
+            return
+        with self._lock:
+            self._steps += done.rows
+            self._summaries += done.summaries
+            wake = len(self._steps) >= self._ready_rows
+        if wake:
+            self._on_ready()
+
+    def drain(self) -> list[tuple[str, pa.RecordBatch]]:
+        """The waiting rows as batches, steps first (an episode's summary follows its steps).
+        Rows leave the buffer only once their batch is built."""
+        with self._lock:
+            n, m = len(self._steps), len(self._summaries)
+            steps, summaries = self._steps[:n], self._summaries[:m]
+        out = []
+        if n:
+            columns = {**recorder.columns_of(steps), "logged_at": [datetime.now(UTC)] * n}
+            out.append(
+                (layout.STEPS, schema.steps_from_columns(self._schema, columns, *self._spaces))
+            )
+        if m:
+            columns = schema.rows_to_columns(summaries)
+            out.append((layout.EPISODES, schema.episodes_from_columns(columns)))
+        with self._lock:  # rows are only appended meanwhile
+            del self._steps[:n]
+            del self._summaries[:m]
+        return out
 
 
 class LocalInference:
-    """The episodes a local-inference client has open, and how its steps become rows.
+    """The episodes a local-inference client has open, and the policy it acts with.
 
     Args:
         observation_space: the server's observation space.
@@ -39,178 +100,141 @@ class LocalInference:
         env_id: recorded with each episode.
         client_id: recorded with each row.
         rng: samples actions.
-        emit: takes rows to upload (the uploader's ``add``).
-        ready_rows: buffered complete steps that call ``on_ready``.
-        on_ready: wakes the uploader.
+        rows: where complete rows wait for the upload thread.
     """
 
-    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any],
-                 env_id: str | None, client_id: str, rng: np.random.Generator, emit: Emit,
-                 ready_rows: int, on_ready: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        observation_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        env_id: str | None,
+        client_id: str,
+        rng: np.random.Generator,
+        rows: RowBuffer,
+    ) -> None:
         self.observation_space, self.action_space = observation_space, action_space
         self.env_id, self.client_id = env_id, client_id
         self.policy: NumpyPolicy | None = None
-        self._rng, self._emit = rng, emit
+        self.rows = rows
+        self._rng = rng
         self._episodes: dict[str, Episode] = {}
         self._random: list[Any] = []
-        self.steps = (
-            StepBuffer(observation_space, action_space, client_id, ready_rows, on_ready)
-            if fits(observation_space)
-            else None
-        )  # fmt: skip
 
-    def start(self, episode_id: str, training_enabled: bool, seed: int | None,
-              options: Mapping[str, Any] | None) -> None:  # fmt: skip
+    def start(
+        self,
+        episode_id: str,
+        training_enabled: bool,
+        seed: int | None,
+        options: Mapping[str, Any] | None,
+    ) -> None:
         self._episodes[episode_id] = Episode(
-            episode_id, self.client_id, training_enabled, seed,
-            None if options is None else json.dumps(jsonable(options)), self.env_id,
-        )  # fmt: skip
+            episode_id,
+            self.client_id,
+            training_enabled,
+            seed,
+            None if options is None else json.dumps(jsonable(options)),
+            self.env_id,
+        )
 
     def episode(self, episode_id: str) -> Episode:
         try:
             return self._episodes[episode_id]
         except KeyError:
-            raise EpisodeError(404, f"episode '{episode_id}' is not open in this client; call "
-                                    "start_episode() first") from None  # fmt: skip
+            raise EpisodeError(
+                404,
+                f"episode '{episode_id}' is not open in this client; call start_episode() first",
+            ) from None
 
     def step(self, episode_id: str, observation: Any, action: Any, multiagent: bool) -> Any:
         """get_action (``action`` None: the policy picks, and the action is returned) or
         log_action (the simulator's ``action`` is recorded)."""
-        episode = self.episode(episode_id)
-        episode.check_form(multiagent)
-        if self.steps is not None and not multiagent:
-            return self._fast_step(self.steps, episode, observation, action)
-        return self._row_step(episode, observation, action, multiagent)
+        steps = self._steps(self.episode(episode_id), observation, multiagent, None)
+        if action is not None:
+            given = action if multiagent else {_AGENT: action}
+            names = [_name("action", multiagent, a) for a in steps.agent_ids]
+            missing = [a for a in steps.agent_ids if a not in given]
+            if missing:
+                raise SchemaError.single(
+                    "actions", "an action for every observed agent", f"none for {missing}"
+                )
+            values = [given[a] for a in steps.agent_ids]
+            checked = batches.checked(self.action_space, values, names)
+            steps.actions = [batches.row_of(checked, i) for i in range(len(values))]
+        done = recorder.complete(steps)
+        actions, logp, version = self._actions(steps, done.acting)
+        self.rows.add(done)
+        recorder.commit(steps, done, actions, logp, version)
+        if action is not None:
+            return None
+        chosen = {steps.agent_ids[i]: a for i, a in zip(done.acting, actions, strict=True)}
+        return chosen if multiagent else chosen.get(_AGENT)
+
+    def add_returns(self, episode_id: str, returns: Returns) -> None:
+        """log_returns (the reward checked: one that makes a sum non-finite is refused)."""
+        self.episode(episode_id).add_returns(returns)
 
     def add_reward(self, episode_id: str, reward: float) -> None:
-        """log_returns for one agent with nothing but a reward: the common case, kept short."""
-        state = self.episode(episode_id).agents.get(_AGENT)
-        if state is None or state.pending is None:
-            unattributed(episode_id, _AGENT, reward)
-            return
-        total = state.reward + reward  # AgentState.with_reward's check, inlined: a step's cost
-        if isfinite(total) and isfinite(state.episode_return + total):
-            state.reward = total
-        else:
-            state.with_reward(reward)  # raises, naming the field
-
-    def add_returns(self, episode_id: str, rewards: dict[str, float], infos: dict[str, Any],
-                    dones: dict[str, bool]) -> None:  # fmt: skip
-        self.episode(episode_id).add_rewards(rewards, infos, dones)
+        """log_returns of one agent's reward alone: the common case, kept short."""
+        self.episode(episode_id).add_reward(_AGENT, reward)
 
     def end(self, episode_id: str, observation: Any, truncated: bool, multiagent: bool) -> None:
         """The episode's last observation: its final rows and its episodes-table rows."""
-        episode = self.episode(episode_id)
-        episode.check_form(multiagent)
-        observations = {_AGENT: observation} if not multiagent else dict(observation)
-        if self.steps is not None and not multiagent:
-            x = self.steps.check(observation)
-            self.steps.end(episode, episode.agent(_AGENT), x, truncated)
-        else:
-            self._observation_batch(list(observations.values()))  # refuse a bad one at the call
-        rows = episode.end_rows(observations, {}, {}, truncated)
-        episode.commit(rows, {})
+        end = recorder.TRUNCATED if truncated else recorder.TERMINATED
+        steps = self._steps(self.episode(episode_id), observation, multiagent, end)
+        done = recorder.complete(steps)
+        self.rows.add(done)
+        recorder.commit(steps, done, [], [], None)
         del self._episodes[episode_id]
-        if rows:
-            self._emit(layout.STEPS, rows)
-        reason = "truncated" if truncated else "terminated"
-        self._emit(layout.EPISODES, episode.summary_rows(reason, (), set(observations)))
 
     def close_all(self) -> None:
         """Close the episodes still open, as the server closes abandoned ones: their pending
         steps truncated, ``end_reason`` ``closed``."""
         for episode_id in list(self._episodes):
-            episode = self._episodes.pop(episode_id)
-            if self.steps is not None and self.steps.pending(episode_id):
-                self.steps.close(episode, episode.agent(_AGENT))
-            rows = episode.close_rows({}, truncated=True)
-            episode.commit(rows, {})
-            if rows:
-                self._emit(layout.STEPS, rows)
-            self._emit(layout.EPISODES, episode.summary_rows("closed"))
+            done = recorder.close(self._episodes.pop(episode_id), CLOSED)
+            self.rows.add(done)
+            recorder.settle(done)
 
-    def build(self, table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
-        """Rows of a table as a validated batch (the uploader calls this)."""
-        columns = schema.rows_to_columns(rows)
-        if table == layout.EPISODES:
-            return schema.episodes_from_columns(columns)
-        return schema.steps_from_columns(
-            schema.step_schema(self.observation_space, self.action_space), columns,
-            self.observation_space, self.action_space,
-        )  # fmt: skip
-
-    # --- the fast path -----------------------------------------------------------------------
-
-    def _fast_step(self, steps: StepBuffer, episode: Episode, observation: Any,
-                   action: Any) -> Any:  # fmt: skip
-        state = episode.agent(_AGENT)
-        x = steps.check(observation)
-        if state.terminated:  # a done dict ended this agent: complete its step, act no more
-            steps.end(episode, state, x, truncated=False)
-            return None
-        if action is not None:
-            codec.to_arrow_rows(self.action_space, [action], field="action")  # refuse it now
-            steps.step(episode, state, x, action, None, None)
-            return None
-        policy = self.policy
-        if policy is None:
-            chosen, logp, version = self._random_action(), None, None
-        else:
-            chosen, logp = policy.act_one(x, self._rng)
-            version = policy.version
-        steps.step(episode, state, x, chosen, logp, version)
-        return chosen
-
-    # --- rows, for everything else ------------------------------------------------------------
-
-    def _row_step(self, episode: Episode, observation: Any, action: Any, multiagent: bool) -> Any:
+    def _steps(
+        self, episode: Episode, observation: Any, multiagent: bool, end: str | None
+    ) -> Steps:
+        """One call's rows, the observations checked (refused here, naming the field)."""
+        episode.check_form(multiagent)
         observations = dict(observation) if multiagent else {_AGENT: observation}
-        batch = self._observation_batch(list(observations.values()))
-        acting = [a for a in observations if not episode.agent(a).terminated]
-        if action is None:
-            if len(acting) < len(observations):
-                keep = [list(observations).index(a) for a in acting]
-                batch = batch[keep] if isinstance(batch, np.ndarray) else batch.take(keep)
-            chosen = self._act(batch)
-            pending = {a: Pending(observations[a], *chosen[i]) for i, a in enumerate(acting)}
-        else:
-            given = action if multiagent else {_AGENT: action}
-            codec.to_arrow_rows(self.action_space, [given[a] for a in acting], field="action")
-            pending = {a: Pending(observations[a], given[a], None, None) for a in acting}
-        rows = episode.complete(observations, {}, {}, {})
-        episode.commit(rows, pending)
-        if rows:
-            self._emit(layout.STEPS, rows)
-        if action is not None:
-            return None
-        out = {a: p.action for a, p in pending.items()}
-        return out if multiagent else out.get(_AGENT)
+        agent_ids = list(observations)
+        names = [_name("observation", multiagent, a) for a in agent_ids]
+        batch = batches.checked(self.observation_space, list(observations.values()), names)
+        n = len(agent_ids)
+        return Steps(
+            [episode] * n,
+            agent_ids,
+            batch,
+            [0.0] * n,
+            ends={} if end is None else {episode.episode_id: end},
+            touched=[episode],
+        )
 
-    def _observation_batch(self, values: list[Any]) -> np.ndarray | pa.Array:
-        """The observations checked against the space: a numpy batch for a float Box (checked
-        in a few microseconds), else an Arrow column.
-
-        Raises:
-            SchemaError: as the server would answer 400, naming the field.
-        """
-        batch = codec.float_box_rows(self.observation_space, values)
-        if batch is not None:
-            return batch
-        return codec.to_arrow_rows(self.observation_space, values, field="observation")
-
-    def _act(self, batch: np.ndarray | pa.Array) -> list[tuple[Any, float | None, int | None]]:
-        n = len(batch)
+    def _actions(self, steps: Steps, acting: list[int]) -> tuple[list[Any], list[Any], Any]:
+        """Logged actions as given; else the policy's (or uniform ones, before any policy)."""
+        if steps.actions is not None:
+            return [steps.actions[i] for i in acting], [None] * len(acting), None
         policy = self.policy
         if policy is None:
-            return [(self._random_action(), None, None) for _ in range(n)]
-        if isinstance(batch, pa.Array):
-            batch = codec.from_arrow(self.observation_space, batch)
-        actions, logp = policy.act(batch, self._rng)
-        return [(row_of(actions, i), float(logp[i]), policy.version) for i in range(n)]
+            return [self._random_action() for _ in acting], [None] * len(acting), None
+        observations = steps.observations
+        if len(acting) == 1 and isinstance(observations, np.ndarray):
+            action, logp = policy.act_one(observations[acting[0]], self._rng)
+            return [action], [logp], policy.version
+        chosen, logps = policy.act(batches.take(observations, acting), self._rng)
+        actions = [batches.row_of(chosen, n) for n in range(len(acting))]
+        return actions, [float(lp) for lp in logps], policy.version
 
     def _random_action(self) -> Any:
         """Uniform actions, drawn a thousand at a time (a draw per step costs more than a step)."""
         if not self._random:
             batch = codec.sample_batch(self.action_space, 1000, int(self._rng.integers(2**63)))
-            self._random = [row_of(batch, i) for i in range(1000)]
+            self._random = [batches.row_of(batch, i) for i in range(1000)]
         return self._random.pop()
+
+
+def _name(field: str, multiagent: bool, agent_id: str) -> str:
+    return f"{field}s.{agent_id}" if multiagent else field

@@ -24,7 +24,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,9 +34,16 @@ import numpy as np
 import requests
 
 from pipeline.client import vector
-from pipeline.client.local import LocalInference
+from pipeline.client.local import LocalInference, RowBuffer
 from pipeline.client.spool import Spool, Uploader
-from pipeline.client.transport import ARROW_TYPE, Http, RemoteEpisode, jsonable, parse_spaces
+from pipeline.client.transport import (
+    ARROW_TYPE,
+    AgentIds,
+    Http,
+    RemoteEpisode,
+    jsonable,
+    parse_spaces,
+)
 from pipeline.errors import (
     ConfigError,
     EpisodeError,
@@ -47,7 +54,7 @@ from pipeline.errors import (
 from pipeline.format import layout
 from pipeline.policy.checkpoint import load_checkpoint
 from pipeline.policy.network import policy_for
-from pipeline.recording.recorder import AgentIds
+from pipeline.recording.episode import Returns
 
 INFERENCE_MODES = ("local", "remote")
 _log = logging.getLogger("rlpipe.client")
@@ -192,8 +199,8 @@ class PolicyClient:
             self._remote_episode(episode_id).add(rewards, infos, dones)
             return
         self._check_uploads()
-        self._local.add_returns(episode_id, {k: float(v) for k, v in rewards.items()}, infos,
-                                dones)  # fmt: skip
+        returns = Returns({k: float(v) for k, v in rewards.items()}, infos, dones)
+        self._local.add_returns(episode_id, returns)
 
     def end_episode(self, episode_id: str, observation: Any, truncated: bool = False) -> None:
         """End the episode at its last observation (``truncated=True`` for a time limit)."""
@@ -339,18 +346,12 @@ class PolicyClient:
         self._weights_dir = Path(tempfile.mkdtemp(prefix="rlpipe-weights-"))
         self._load_spaces(spool.directory / "spaces.json")
         observation_space, action_space, env_id = self._space()
-        local = LocalInference(
-            observation_space, action_space, env_id, self.client_id,
-            np.random.default_rng(seed), self._add_rows, upload_rows, self._wake,
-        )  # fmt: skip
-        self._local = local
+        rows = RowBuffer(observation_space, action_space, upload_rows, self._wake)
+        self._local = LocalInference(observation_space, action_space, env_id, self.client_id,
+                                     np.random.default_rng(seed), rows)  # fmt: skip
         self._try_pull()
-        self._uploader = Uploader(self.client_id, local.build, self._send, spool, upload_rows,
-                                  upload_interval_s, self._tick, columns=local.steps)  # fmt: skip
-
-    def _add_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        if self._uploader is not None:
-            self._uploader.add(table, rows)
+        self._uploader = Uploader(self.client_id, rows, self._send, spool, upload_interval_s,
+                                  self._tick)  # fmt: skip
 
     def _wake(self) -> None:
         if self._uploader is not None:

@@ -24,9 +24,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -36,15 +36,15 @@ _NAME_RE = re.compile(r"^(?P<client>[A-Za-z0-9_-]+)-(?P<seq>\d{10})-(?P<table>[a
 # send(client_id, seq, table, body) -> None when stored, else seconds to wait before retrying;
 # it raises for a batch the server refuses (a bug to surface, not to retry).
 Send = Callable[[str, int, str, bytes], float | None]
-Build = Callable[[str, Sequence[Mapping[str, Any]]], pa.RecordBatch]
 
 
-class Columns(Protocol):
-    """Steps kept as columns: how many rows are complete, and a batch of them (taken)."""
+class Rows(Protocol):
+    """Where complete rows wait: how many, and the batches of them (taken once built)."""
 
-    ready: int
+    @property
+    def ready(self) -> int: ...
 
-    def drain(self) -> pa.RecordBatch | None: ...
+    def drain(self) -> list[tuple[str, pa.RecordBatch]]: ...
 
 
 def to_ipc(batch: pa.RecordBatch) -> bytes:
@@ -82,29 +82,31 @@ class Spool:
 
 
 class Uploader:
-    """Buffers rows per table and delivers them from a background thread.
+    """Delivers the rows waiting in ``rows`` from a background thread.
 
     Args:
         client_id: names this client's uploads; with ``seq`` it makes retries idempotent.
-        build: turns buffered rows of a table into a validated Arrow batch.
+        rows: where complete rows wait (:class:`~pipeline.client.local.RowBuffer`).
         send: delivers one batch (see ``Send``).
         spool: where undeliverable batches wait.
-        max_rows: buffered steps that trigger an upload before the interval is up.
-        interval_s: the longest rows wait in memory.
+        interval_s: the longest rows wait in memory (``rows`` wakes the thread sooner when
+            enough are waiting).
         on_tick: called from the background thread each cycle (weights refresh).
-        columns: steps kept as columns (:class:`~pipeline.recording.stepbuffer.StepBuffer`), drained
-            into a batch of their own each cycle.
     """
 
-    def __init__(self, client_id: str, build: Build, send: Send, spool: Spool, max_rows: int,
-                 interval_s: float, on_tick: Callable[[], None] | None = None,
-                 columns: Columns | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client_id: str,
+        rows: Rows,
+        send: Send,
+        spool: Spool,
+        interval_s: float,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
         self.client_id = client_id
-        self._columns = columns
-        self._build, self._send, self._spool = build, send, spool
-        self._max_rows, self._interval = max_rows, interval_s
+        self._rows, self._send, self._spool = rows, send, spool
+        self._interval = interval_s
         self._on_tick = on_tick
-        self._rows: dict[str, list[Mapping[str, Any]]] = {"steps": [], "episodes": []}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -116,12 +118,6 @@ class Uploader:
         self.uploaded = 0
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rlpipe-upload")
         self._thread.start()
-
-    def add(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        with self._lock:
-            self._rows[table].extend(rows)
-            if len(self._rows["steps"]) >= self._max_rows:
-                self._wake.set()
 
     def wake(self) -> None:
         """Upload now rather than at the end of the interval (enough rows are waiting)."""
@@ -135,9 +131,7 @@ class Uploader:
             self._wake.set()
             with self._lock:
                 self._idle.wait_for(lambda: not self._busy, timeout=0.05)
-                empty = not any(self._rows.values()) and not self._busy and (
-                    self._columns is None or not self._columns.ready
-                )  # fmt: skip
+                empty = not self._busy and not self._rows.ready
             if empty and not self._spool.pending():
                 return True
             time.sleep(0.02)
@@ -209,30 +203,12 @@ class Uploader:
         self._put(self._number())
 
     def _number(self) -> list[tuple[int, str, bytes]]:
-        """Turn buffered rows into numbered batches: a batch keeps its number for life,
-        whether it is sent from memory now or from the spool by a later client instance.
-
-        Rows leave the buffer only once their batch is built; if building fails, the batches
-        already numbered go to the spool, the rest stay buffered, and the error is raised.
-        """
+        """Turn waiting rows into numbered batches: a batch keeps its number for life, whether
+        it is sent from memory now or from the spool by a later client instance."""
         batches: list[tuple[int, str, bytes]] = []
-        drained = self._columns.drain() if self._columns is not None else None
-        if drained is not None:  # before the rows: an episode's summary follows its steps
-            batches.append((self._seq, "steps", to_ipc(drained)))
+        for table, batch in self._rows.drain():
+            batches.append((self._seq, table, to_ipc(batch)))
             self._seq += 1
-        with self._lock:
-            taken = {name: list(rows) for name, rows in self._rows.items() if rows}
-        try:
-            for table in ("steps", "episodes"):
-                if table in taken:
-                    body = to_ipc(self._build(table, taken[table]))
-                    batches.append((self._seq, table, body))
-                    self._seq += 1
-                    with self._lock:  # rows are only appended meanwhile
-                        del self._rows[table][: len(taken[table])]
-        except BaseException:
-            self._put(batches)
-            raise
         return batches
 
     def _put(self, batches: list[tuple[int, str, bytes]]) -> None:

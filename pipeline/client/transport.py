@@ -306,16 +306,6 @@ def parse_spaces(doc: dict[str, Any]) -> tuple[gym.Space[Any], gym.Space[Any], s
             spaces.space_from_json(doc["action_space"]), doc.get("env_id"))  # fmt: skip
 
 
-def row_of(batch: Any, i: int) -> Any:
-    """Row ``i`` of a batch in :mod:`pipeline.format.spaces` layout, as the env would take it."""
-    if isinstance(batch, dict):
-        return {k: row_of(v, i) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(row_of(v, i) for v in batch)
-    value = np.asarray(batch)[i]
-    return value.item() if value.ndim == 0 else value
-
-
 def jsonable(value: Any) -> Any:
     """numpy arrays and scalars as JSON values (envs hand out numpy; JSON wants lists)."""
     if isinstance(value, np.ndarray | np.generic):
@@ -325,6 +315,44 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     return value
+
+
+class AgentIds:
+    """One episode's agent ids: any JSON scalar the simulator uses (a string or an integer,
+    as RLlib's multi-agent envs do) becomes the text the wire and the ``agent_id`` column
+    carry, and answers are keyed by the ids as given again."""
+
+    def __init__(self) -> None:
+        self._given: dict[str, Any] = {}
+
+    def encode(self, mapping: Mapping[Any, Any], field: str) -> dict[str, Any]:
+        """``mapping`` keyed by text; 1 and "1" in one episode are refused (one column value).
+
+        Raises:
+            SchemaError: naming ``field``, for an id of another type or one that clashes.
+        """
+        out = {}
+        for key, value in mapping.items():
+            given = int(key) if isinstance(key, np.integer) else key
+            if isinstance(given, bool) or not isinstance(given, int | str) or given == "":
+                raise SchemaError.single(
+                    field,
+                    "agent ids that are non-empty strings or integers",
+                    f"{type(key).__name__} {key!r}",
+                )
+            text = str(given)
+            known = self._given.setdefault(text, given)
+            if type(known) is not type(given):
+                raise SchemaError.single(
+                    field,
+                    f"one agent per agent_id: {known!r} and {given!r} are both stored as '{text}'",
+                    repr(given),
+                )
+            out[text] = value
+        return out
+
+    def decode(self, mapping: Mapping[str, Any]) -> dict[Any, Any]:
+        return {self._given.get(key, key): value for key, value in mapping.items()}
 
 
 class RemoteEpisode:

@@ -26,9 +26,10 @@ import numpy as np
 import orjson
 from gymnasium.vector import AutoresetMode
 
-from pipeline.client.transport import RemoteEpisode, jsonable, row_of
+from pipeline.client.transport import RemoteEpisode, jsonable
 from pipeline.errors import ConfigError, SchemaError
 from pipeline.format import layout
+from pipeline.recording.batches import row_of
 
 if TYPE_CHECKING:
     from pipeline.client import PolicyClient

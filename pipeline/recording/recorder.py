@@ -1,377 +1,332 @@
-"""One episode's bookkeeping: a small state machine per agent that turns steps into table rows.
+"""The step core: how a simulator's calls become step-table rows, once, for every mode.
 
-The server runs it for remote inference and the client for local inference, so both write the
-same rows.
+The server (one episode or many per request), the local-inference client and ``VectorEpisodes``
+all hand their steps here as :class:`Steps`: a row per agent observed, the observations one
+validated batch. :func:`complete` works out the step rows they finish, as columns, without
+changing any state; the caller picks the actions, makes the rows safe (the server: durable in
+the writer) and only then calls :func:`commit`, so a failed write changes nothing and the call
+can be retried.
 
-The step row for ``t`` needs ``next_observation``, which only arrives with the next request of the
-same episode (get_action, log_action or end). So each agent holds one *pending* step (observation,
-action, how it was chosen) and the rewards logged since; the next observation completes it into a
-row. An episode, once ended (by the client, or closed by the server as idle or at shutdown), takes
-no more steps: the row of its last step has been written with ``terminated`` or ``truncated``.
+The rules (``docs/protocol.md``, "What a step row holds") are here, with the state they advance
+(:mod:`pipeline.recording.episode`), and nowhere else:
 
-Nothing here writes: methods return the rows to write, and the caller commits the new state with
-:meth:`Episode.commit` only after the rows are safe (the server: acknowledged by the writer), so
-a failed write changes nothing and the request can be retried.
-
-The rules (``docs/protocol.md``, "What a step row holds") live here, once, for every mode:
-rewards accrue to the agent's pending step (none logged means 0.0); a reward (or info) logged
-while an agent has no pending step, before its first action or after its last, belongs to no
-transition: it is not stored, and :func:`unattributed` logs a warning; a reward that would make
-the pending sum or the agent's return non-finite is refused at the call that gave it; agent ids
-of any JSON scalar type the client uses become text once, in :class:`AgentIds`.
+- An action opens an agent's *pending* step; the agent's next observation (its next step, or
+  the episode's end) completes it into the row of step ``t``.
+- Rewards accrue to the pending step; none logged means 0.0. A reward logged while the agent has
+  no pending step (before its first action, or after its last) belongs to no transition: it is
+  not stored, and :func:`~pipeline.recording.episode.unattributed` logs a warning. A reward that
+  would make the step's sum or the return non-finite is refused at the call that gave it.
+- An end completes the observed agents' pending steps as it says (terminated or truncated); an
+  agent it does not observe is cut off: its pending step ends truncated at its own last
+  observation, unless a done flag says it terminated.
+- An agent flagged done acts no more; its next observation completes its last step, terminated.
+- An episode is single-agent or multi-agent from its first step on.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import threading
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
-from pipeline.errors import SchemaError
 from pipeline.format import layout
+from pipeline.recording import batches
+from pipeline.recording.episode import (
+    AgentState,
+    Episode,
+    Pending,
+    Returns,
+    reward_field,
+    unattributed,
+)
 
-Row = dict[str, Any]
-_log = logging.getLogger("rlpipe.recorder")
+TERMINATED, TRUNCATED, CLOSED = "terminated", "truncated", "closed"
+STEP_COLUMNS = (
+    "episode_id",
+    "agent_id",
+    "t",
+    "observation",
+    "action",
+    "reward",
+    "next_observation",
+    "terminated",
+    "truncated",
+    "action_logp",
+    "policy_version",
+    "training_enabled",
+    "info",
+    "client_id",
+)
+_EPISODE_ID, _AGENT_ID, _REWARD, _TERMINATED = 0, 1, 5, 7  # positions in STEP_COLUMNS
 
 
-def reward_field(agent_id: str) -> str:
-    """How a reward is named in errors: ``reward`` single-agent, ``rewards.{id}`` per agent."""
-    return "reward" if agent_id == layout.DEFAULT_AGENT_ID else f"rewards.{agent_id}"
+@dataclass
+class Steps:
+    """Observations of one or more calls, a row per (episode, agent) observed: arrays in.
+
+    ``observations`` is one batch of ``len(episodes)`` rows, validated against the observation
+    space, in :mod:`pipeline.format.codec`'s layout (an array ``(n, *shape)`` for a Box).
+    ``rewards[i]`` was logged with row ``i``'s observation, for the agent's pending step.
+    ``ends`` (by episode id: TERMINATED or TRUNCATED) ends episodes at these observations.
+    ``actions`` holds logged actions (log_action); without it the rows that act get the
+    policy's. ``returns`` are what rides on a call for agents it does not observe (a multi-agent
+    request's rewards, infos and done flags), by episode id. ``touched`` lists every episode of
+    the calls, those that observe no agent included (an end with no observations).
+    """
+
+    episodes: list[Episode]
+    agent_ids: list[str]
+    observations: Any
+    rewards: list[float]
+    infos: list[Any] | None = None
+    ends: dict[str, str] = field(default_factory=dict)
+    dones: list[bool] | None = None
+    actions: list[Any] | None = None
+    returns: dict[str, Returns] = field(default_factory=dict)
+    touched: list[Episode] = field(default_factory=list)
+    _rows: list[Any] | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def observation(self, i: int) -> Any:
+        """Row ``i``'s observation, as the env would take it."""
+        if self._rows is None:
+            self._rows = batches.rows_of(self.observations)
+        return self._rows[i]
 
 
-def unattributed(episode_id: str, agent_id: str, reward: float) -> None:
-    """Report a reward that belongs to no transition (the agent has no pending step)."""
-    if reward:
-        _log.warning(
-            "episode '%s', agent '%s': reward %r was logged while the agent had no "
-            "pending action (before its first, or after its last); it belongs to no "
-            "transition and is not stored",
-            episode_id,
+@dataclass
+class Completion:
+    """What :func:`complete` works out: the rows to write, and how to advance the agents."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)  # values in STEP_COLUMNS order
+    advancing: list[AgentState] = field(default_factory=list)  # per row, the agent it advances
+    acting: list[int] = field(default_factory=list)  # rows of the Steps that open a pending step
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # of the episodes that end
+    ending: list[Episode] = field(default_factory=list)
+    sums: list[tuple[AgentState, float]] = field(default_factory=list)  # unobserved agents'
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def columns(self) -> dict[str, list[Any]]:
+        """The rows column by column, as the writer takes them."""
+        return columns_of(self.rows)
+
+
+def columns_of(rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """Step rows (tuples in STEP_COLUMNS order) column by column."""
+    if not rows:
+        return {name: [] for name in STEP_COLUMNS}
+    transposed = zip(*rows, strict=True)
+    return {name: list(values) for name, values in zip(STEP_COLUMNS, transposed, strict=True)}
+
+
+def complete(steps: Steps) -> Completion:
+    """The rows ``steps`` complete, the rows that act and the summaries of the episodes that
+    end, with every agent's state unchanged.
+
+    Raises:
+        SchemaError: a reward that would make a sum non-finite (naming it); nothing changes.
+    """
+    done = Completion()
+    ends = steps.ends
+    for i, (episode, agent_id) in enumerate(zip(steps.episodes, steps.agent_ids, strict=True)):
+        state = episode.agents.get(agent_id)
+        end = ends.get(episode.episode_id) if ends else None
+        flagged = (steps.dones is not None and steps.dones[i]) or (
+            state is not None and state.terminated
+        )
+        if state is None or state.pending is None:
+            unattributed(episode.episode_id, agent_id, steps.rewards[i])
+        else:
+            reward = state.with_reward(steps.rewards[i], reward_field(agent_id))
+            info = steps.infos[i] if steps.infos is not None else None
+            terminated = end == TERMINATED or flagged
+            _add(
+                done,
+                episode,
+                agent_id,
+                state,
+                state.pending,
+                reward,
+                steps.observation(i),
+                info,
+                terminated,
+                end == TRUNCATED and not terminated,
+            )
+        if end is None and not flagged:
+            done.acting.append(i)
+    if steps.returns or ends:
+        _unobserved(steps, done)
+    return done
+
+
+def close(episode: Episode, reason: str = CLOSED) -> Completion:
+    """An abandoned episode's rows and summary: every pending step ends truncated at its own
+    last observation (terminated where a done flag says so)."""
+    done = Completion(ending=[episode])
+    _close_rows(episode, done, frozenset(), {}, Returns())
+    done.summaries = summary_rows(episode, reason, done, frozenset())
+    return done
+
+
+def commit(
+    steps: Steps,
+    done: Completion,
+    actions: list[Any],
+    action_logp: list[float | None],
+    policy_version: int | None,
+) -> None:
+    """Advance the agents once ``done``'s rows are safe; ``actions`` are those of the rows in
+    ``done.acting`` (logged ones, or the policy's with their log-probabilities)."""
+    settle(done)
+    for n, i in enumerate(done.acting):
+        state = steps.episodes[i].agent(steps.agent_ids[i])
+        state.pending = Pending(steps.observation(i), actions[n], action_logp[n], policy_version)
+    if steps.dones is not None:
+        for i in np.flatnonzero(steps.dones).tolist():
+            steps.episodes[i].agent(steps.agent_ids[i]).terminated = True
+    for state, total in done.sums:
+        state.reward = total
+    now = time.monotonic()
+    for episode in steps.touched or steps.episodes:
+        episode.last_seen = now
+    if steps.returns:
+        observed = _observed(steps)
+        for episode in _episodes(steps):
+            returns = steps.returns.get(episode.episode_id)
+            if returns is not None:
+                returns.apply(episode, observed.get(episode.episode_id, frozenset()))
+
+
+def settle(done: Completion) -> None:
+    """Advance the agents of ``done``'s rows, once they are safe (all :func:`close` needs)."""
+    for state, row in zip(done.advancing, done.rows, strict=True):
+        state.advance(row[_REWARD], row[_TERMINATED])
+
+
+def summary_rows(
+    episode: Episode, reason: str, done: Completion, observed: frozenset[str]
+) -> list[dict[str, Any]]:
+    """One episodes-table row per agent, counting the rows of ``done`` as written. An agent's
+    own termination wins over ``reason``; at a terminated end an agent the end did not observe
+    was cut off, and its reason is ``truncated``, as its last row says."""
+    now = datetime.now(UTC)
+    agents = episode.agents or {layout.DEFAULT_AGENT_ID: AgentState(started_at=episode.started_at)}
+    written: dict[str, list[tuple[Any, ...]]] = {}
+    for row in done.rows:
+        if row[_EPISODE_ID] == episode.episode_id:
+            written.setdefault(row[_AGENT_ID], []).append(row)
+    out = []
+    for agent_id, state in agents.items():
+        rows = written.get(agent_id, [])
+        terminated = state.terminated or any(row[_TERMINATED] for row in rows)
+        cut = reason == TERMINATED and agent_id not in observed
+        out.append(
+            {
+                "episode_id": episode.episode_id,
+                "agent_id": agent_id,
+                "client_id": episode.client_id,
+                "started_at": state.started_at,
+                "ended_at": now,
+                "length": state.length + len(rows),
+                "return": state.episode_return + sum(row[_REWARD] for row in rows),
+                "env_id": episode.env_id,
+                "seed": episode.seed,
+                "reset_options": episode.reset_options,
+                "end_reason": TERMINATED if terminated else TRUNCATED if cut else reason,
+                "training_enabled": episode.training_enabled,
+            }
+        )
+    return out
+
+
+# --- inside complete -------------------------------------------------------------------------
+
+
+def _add(
+    done: Completion,
+    episode: Episode,
+    agent_id: str,
+    state: AgentState,
+    pending: Pending,
+    reward: float,
+    next_observation: Any,
+    info: Any,
+    terminated: bool,
+    truncated: bool,
+) -> None:
+    done.rows.append((
+        episode.episode_id, agent_id, state.t, pending.observation, pending.action, reward,
+        next_observation, terminated, truncated, pending.action_logp, pending.policy_version,
+        episode.training_enabled, info if info is not None else state.info, episode.client_id,
+    ))  # fmt: skip
+    done.advancing.append(state)
+
+
+def _unobserved(steps: Steps, done: Completion) -> None:
+    """What calls carry for agents they do not observe (reward sums, checked now and set at
+    commit), the rows of the agents an end cuts off, and the summaries of ending episodes."""
+    observed = _observed(steps)
+    for episode in _episodes(steps):
+        returns = steps.returns.get(episode.episode_id)
+        mine = observed.get(episode.episode_id, frozenset())
+        sums = returns.sums(episode, mine) if returns is not None else {}
+        if episode.episode_id in steps.ends:
+            _close_rows(episode, done, mine, sums, returns or Returns())
+            done.ending.append(episode)
+        else:
+            done.sums += [(episode.agents[agent_id], total) for agent_id, total in sums.items()]
+    for episode in done.ending:
+        reason = steps.ends[episode.episode_id]
+        mine = observed.get(episode.episode_id, frozenset())
+        done.summaries += summary_rows(episode, reason, done, mine)
+
+
+def _episodes(steps: Steps) -> list[Episode]:
+    """Every episode of the calls, each once, in order."""
+    found = {id(e): e for e in steps.episodes}
+    found.update((id(e), e) for e in steps.touched)
+    return list(found.values())
+
+
+def _close_rows(
+    episode: Episode,
+    done: Completion,
+    observed: frozenset[str],
+    sums: dict[str, float],
+    returns: Returns,
+) -> None:
+    """Rows for the agents an end cuts off: each pending step ends at its own observation."""
+    for agent_id, state in episode.agents.items():
+        pending = state.pending
+        if agent_id in observed or pending is None:
+            continue
+        terminated = state.terminated or returns.dones.get(agent_id, False)
+        reward = sums.get(agent_id, state.reward)
+        _add(
+            done,
+            episode,
             agent_id,
+            state,
+            pending,
             reward,
+            pending.observation,
+            returns.infos.get(agent_id),
+            terminated,
+            not terminated,
         )
 
 
-class AgentIds:
-    """One episode's agent ids: any JSON scalar the simulator uses (a string or an integer,
-    as RLlib's multi-agent envs do) becomes the text the wire and the ``agent_id`` column
-    carry, and answers are keyed by the ids as given again."""
-
-    def __init__(self) -> None:
-        self._given: dict[str, Any] = {}
-
-    def encode(self, mapping: Mapping[Any, Any], field: str) -> dict[str, Any]:
-        """``mapping`` keyed by text; 1 and "1" in one episode are refused (one column value).
-
-        Raises:
-            SchemaError: naming ``field``, for an id of another type or one that clashes.
-        """
-        out = {}
-        for key, value in mapping.items():
-            given = int(key) if isinstance(key, np.integer) else key
-            if isinstance(given, bool) or not isinstance(given, int | str) or given == "":
-                raise SchemaError.single(
-                    field,
-                    "agent ids that are non-empty strings or integers",
-                    f"{type(key).__name__} {key!r}",
-                )
-            text = str(given)
-            known = self._given.setdefault(text, given)
-            if type(known) is not type(given):
-                raise SchemaError.single(
-                    field,
-                    f"one agent per agent_id: {known!r} and {given!r} are both stored as '{text}'",
-                    repr(given),
-                )
-            out[text] = value
-        return out
-
-    def decode(self, mapping: Mapping[str, Any]) -> dict[Any, Any]:
-        return {self._given.get(key, key): value for key, value in mapping.items()}
-
-
-@dataclass
-class Pending:
-    """A step whose action is known and whose next observation is not."""
-
-    observation: Any
-    action: Any
-    action_logp: float | None
-    policy_version: int | None
-
-
-@dataclass
-class AgentState:
-    t: int = 0
-    pending: Pending | None = None
-    reward: float = 0.0
-    info: Any = None
-    terminated: bool = False  # from a multi-agent done dict; the agent acts no more
-    episode_return: float = 0.0
-    length: int = 0
-    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    def with_reward(self, reward: float, field: str = "reward") -> float:
-        """The pending reward plus ``reward``, refused when it or the return is not finite.
-
-        Raises:
-            SchemaError: naming ``field``: accepted, the sum would fail a later call instead.
-        """
-        total = self.reward + reward
-        if not (math.isfinite(total) and math.isfinite(self.episode_return + total)):
-            raise SchemaError.single(
-                field,
-                "a reward that keeps the step's reward sum and the return finite",
-                f"{reward!r} (pending {self.reward!r}, return {self.episode_return!r})",
-            )
-        return total
-
-    def advance(self, reward: float, terminated: bool) -> None:
-        """The pending step's row is written (with ``reward``): count it, clear what it held."""
-        self.t += 1
-        self.length += 1
-        self.episode_return += reward
-        self.pending, self.reward, self.info = None, 0.0, None
-        self.terminated = self.terminated or terminated
-
-
-@dataclass
-class Episode:
-    """One episode's agents and what the server must record when it ends."""
-
-    episode_id: str
-    client_id: str
-    training_enabled: bool
-    seed: int | None
-    reset_options: Any
-    env_id: str | None
-    multiagent: bool | None = None
-    agents: dict[str, AgentState] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    last_seen: float = field(default_factory=time.monotonic)
-    ended: bool = False
-    last_request: tuple[int, Any] | None = None  # (request number, response) for retries
-    requests: int = 0
-    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    def check_form(self, multiagent: bool) -> None:
-        """An episode is single-agent or multi-agent from its first step on, not both.
-
-        Raises:
-            SchemaError: naming the field the episode's form takes.
-        """
-        if self.multiagent is None:
-            self.multiagent = multiagent
-        elif self.multiagent != multiagent:
-            want, got = (
-                ("observations", "observation")
-                if self.multiagent
-                else ("observation", "observations")
-            )
-            raise SchemaError.single(
-                want,
-                f"'{want}': episode '{self.episode_id}' is "
-                f"{'multi' if self.multiagent else 'single'}-agent",
-                f"'{got}'",
-            )
-
-    def agent(self, agent_id: str) -> AgentState:
-        state = self.agents.get(agent_id)
-        if state is None:  # not setdefault: a new AgentState per call costs a clock read
-            state = self.agents[agent_id] = AgentState()
-        return state
-
-    def complete(
-        self,
-        observations: dict[str, Any],
-        rewards: dict[str, float],
-        infos: dict[str, Any],
-        terminated: dict[str, bool],
-        truncated: bool = False,
-    ) -> list[Row]:
-        """Rows for every pending step the new observations complete (state not yet changed)."""
-        rows = []
-        for agent_id, observation in observations.items():
-            state = self.agents.get(agent_id)
-            if state is None or state.pending is None:
-                unattributed(self.episode_id, agent_id, rewards.get(agent_id, 0.0))
-                continue
-            rows.append(self._row(agent_id, state, state.pending, observation, rewards, infos,
-                                  terminated, truncated))  # fmt: skip
-        return rows
-
-    def close_rows(
-        self,
-        rewards: dict[str, float],
-        truncated: bool,
-        terminated: dict[str, bool] | None = None,
-        infos: dict[str, Any] | None = None,
-    ) -> list[Row]:
-        """Rows for agents still pending after an end request that did not observe them."""
-        flags, infos = terminated or {}, infos or {}
-        return [
-            self._row(
-                agent_id, state, pending, pending.observation, rewards, infos, flags, truncated
-            )
-            for agent_id, state in self.agents.items()
-            if (pending := state.pending) is not None
-        ]
-
-    def _row(
-        self,
-        agent_id: str,
-        state: AgentState,
-        pending: Pending,
-        next_observation: Any,
-        rewards: dict[str, float],
-        infos: dict[str, Any],
-        terminated: dict[str, bool],
-        truncated: bool,
-    ) -> Row:
-        is_terminal = terminated.get(agent_id, False) or state.terminated
-        return {
-            "episode_id": self.episode_id,
-            "agent_id": agent_id,
-            "t": state.t,
-            "observation": pending.observation,
-            "action": pending.action,
-            "reward": state.with_reward(rewards.get(agent_id, 0.0), reward_field(agent_id)),
-            "next_observation": next_observation,
-            "terminated": is_terminal,
-            "truncated": truncated and not is_terminal,
-            "action_logp": pending.action_logp,
-            "policy_version": pending.policy_version,
-            "training_enabled": self.training_enabled,
-            "info": infos.get(agent_id, state.info),
-            "client_id": self.client_id,
-        }
-
-    def end_rows(
-        self,
-        observations: dict[str, Any],
-        rewards: dict[str, float],
-        infos: dict[str, Any],
-        truncated: bool,
-        dones: dict[str, bool] | None = None,
-    ) -> list[Row]:
-        """Rows of an end request: the observed agents' pending steps end as it says; any other
-        agent's pending step ends truncated at its own observation (it was cut, not ended),
-        unless a done flag (``dones``, or logged before) says it terminated."""
-        terminated = dict(dones or {})
-        for agent_id in observations:
-            terminated[agent_id] = not truncated or terminated.get(agent_id, False)
-        rows = self.complete(observations, rewards, infos, terminated, truncated=truncated)
-        unobserved = {k: v for k, v in rewards.items() if k not in observations}
-        for agent_id, reward in unobserved.items():
-            if (state := self.agents.get(agent_id)) is None or state.pending is None:
-                unattributed(self.episode_id, agent_id, reward)
-        observed = {row["agent_id"] for row in rows}
-        rows += [
-            row
-            for row in self.close_rows(unobserved, True, terminated, infos)
-            if row["agent_id"] not in observed
-        ]
-        return rows
-
-    def commit(self, written: list[Row], pending: dict[str, Pending]) -> None:
-        """Advance the agents once ``written`` is durable; ``pending`` are the new actions."""
-        for row in written:
-            self.agents[row["agent_id"]].advance(row["reward"], row["terminated"])
-        for agent_id, step in pending.items():
-            self.agent(agent_id).pending = step
-        self.last_seen = time.monotonic()
-
-    def add_rewards(self, rewards: dict[str, float], infos: dict[str, Any],
-                    terminated: dict[str, bool]) -> None:  # fmt: skip
-        """log_returns: rewards and infos for the agents' pending steps, and done flags.
-
-        Raises:
-            SchemaError: a reward that would make a sum non-finite; nothing is added then.
-        """
-        self.set_rewards(self.reward_sums(rewards))
-        for agent_id, info in infos.items():
-            state = self.agents.get(agent_id)
-            if state is not None and state.pending is not None:
-                state.info = info
-        self.mark_terminated(terminated)
-        self.last_seen = time.monotonic()
-
-    def reward_sums(self, rewards: dict[str, float]) -> dict[str, float]:
-        """The pending reward sums with ``rewards`` added, checked, state unchanged; rewards of
-        agents with no pending step belong to no transition (reported, left out).
-
-        Raises:
-            SchemaError: a reward that would make a sum non-finite.
-        """
-        sums = {}
-        for agent_id, reward in rewards.items():
-            state = self.agents.get(agent_id)
-            if state is None or state.pending is None:
-                unattributed(self.episode_id, agent_id, reward)
-            else:
-                sums[agent_id] = state.with_reward(reward, reward_field(agent_id))
-        return sums
-
-    def set_rewards(self, sums: dict[str, float]) -> None:
-        """Commit what :meth:`reward_sums` computed."""
-        for agent_id, total in sums.items():
-            self.agents[agent_id].reward = total
-
-    def mark_terminated(self, terminated: dict[str, bool]) -> None:
-        """Done flags: an agent flagged acts no more (its pending step ends terminated)."""
-        for agent_id, flag in terminated.items():
-            if flag:
-                self.agent(agent_id).terminated = True
-
-    def summary_rows(
-        self, end_reason: str, uncommitted: Sequence[Row] = (), observed: set[str] | None = None
-    ) -> list[Row]:
-        """One episodes-table row per agent; an agent's own termination wins over the reason.
-
-        ``uncommitted``: step rows of this episode written with the summaries but not yet
-        committed to its state (a server writes both in one append, then commits); they count
-        as if they were. ``observed``: the agents an end request observed (None: all); at a
-        ``terminated`` end the others were cut off, so their reason is ``truncated``, as their
-        last rows say.
-        """
-        summaries = self._summary_rows(end_reason)
-        if end_reason == "terminated" and observed is not None:
-            for summary in summaries:
-                state = self.agents.get(summary["agent_id"])
-                if summary["agent_id"] not in observed and not (state and state.terminated):
-                    summary["end_reason"] = "truncated"
-        for summary in summaries:
-            mine = [row for row in uncommitted if row["agent_id"] == summary["agent_id"]]
-            summary["length"] += len(mine)
-            summary["return"] += sum(row["reward"] for row in mine)
-            if any(row["terminated"] for row in mine):
-                summary["end_reason"] = "terminated"
-        return summaries
-
-    def _summary_rows(self, end_reason: str) -> list[Row]:
-        now = datetime.now(UTC)
-        agents = self.agents or {layout.DEFAULT_AGENT_ID: AgentState(started_at=self.started_at)}
-        return [
-            {
-                "episode_id": self.episode_id,
-                "agent_id": agent_id,
-                "client_id": self.client_id,
-                "started_at": state.started_at,
-                "ended_at": now,
-                "length": state.length,
-                "return": state.episode_return,
-                "env_id": self.env_id,
-                "seed": self.seed,
-                "reset_options": self.reset_options,
-                "end_reason": "terminated" if state.terminated else end_reason,
-                "training_enabled": self.training_enabled,
-            }
-            for agent_id, state in agents.items()
-        ]
+def _observed(steps: Steps) -> dict[str, frozenset[str]]:
+    """The agents each episode's rows observe."""
+    found: dict[str, set[str]] = {}
+    for episode, agent_id in zip(steps.episodes, steps.agent_ids, strict=True):
+        found.setdefault(episode.episode_id, set()).add(agent_id)
+    return {episode_id: frozenset(agents) for episode_id, agents in found.items()}

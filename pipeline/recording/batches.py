@@ -1,0 +1,122 @@
+"""Batches of a space's values as the step core takes them: checked once, rows taken and joined.
+
+A batch has :mod:`pipeline.format.codec`'s layout: an array with the row axis first, and dicts
+and tuples of such arrays for Dict and Tuple spaces. Every observation and logged action a step
+carries, on the server or in the client, is checked by :func:`checked` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from pipeline.errors import Problem, SchemaError
+from pipeline.format import codec
+
+
+def checked(space: gym.Space[Any], values: Sequence[Any], names: Sequence[str] | str) -> Any:
+    """The values as one batch of the space's layout, checked against the space.
+
+    ``names`` names the values in errors: one name per value, or one name for the column (then
+    problems name their rows).
+
+    Raises:
+        SchemaError: listing every bad value.
+    """
+    one = _one_array(space, values)
+    if one is not None:
+        return one
+    fast = codec.float_box_rows(space, values)  # a Box of floats: one numpy pass
+    if fast is not None:
+        return fast
+    field = names if isinstance(names, str) else names[0] if len(names) == 1 else "values"
+    try:
+        return codec.from_arrow(space, codec.to_arrow_rows(space, values, field=field))
+    except SchemaError as error:
+        if isinstance(names, str):
+            raise
+        problems = error.problems if len(names) == 1 else _each(space, values, names)
+    raise SchemaError(problems)
+
+
+def _one_array(space: gym.Space[Any], values: Sequence[Any]) -> np.ndarray | None:
+    """One observation as an env hands it out (an array of the space's float dtype and shape)
+    as a batch of one, copied (an env may reuse its array); None for anything else. A few
+    values are checked finite in Python: numpy's two calls would cost more than the check."""
+    if len(values) != 1 or type(value := values[0]) is not np.ndarray:
+        return None
+    if not isinstance(space, gym.spaces.Box) or value.dtype != space.dtype:
+        return None
+    if value.shape != space.shape or space.dtype.kind != "f":
+        return None
+    finite = (
+        all(map(math.isfinite, value.tolist())) if value.size <= 16 else np.isfinite(value).all()
+    )
+    return value[None].copy() if finite else None
+
+
+def _each(space: gym.Space[Any], values: Sequence[Any], names: Sequence[str]) -> list[Problem]:
+    """Every problem of ``values``, each checked alone under its own name."""
+    problems = []
+    for value, name in zip(values, names, strict=True):
+        try:
+            codec.to_arrow_rows(space, [value], field=name)
+        except SchemaError as error:
+            problems += error.problems
+    return problems
+
+
+def row_of(batch: Any, i: int) -> Any:
+    """Row ``i`` of a batch, as the env would take it (a scalar space's row as a Python value)."""
+    if isinstance(batch, dict):
+        return {k: row_of(v, i) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(row_of(v, i) for v in batch)
+    value = np.asarray(batch)[i]
+    return value.item() if value.ndim == 0 else value
+
+
+def rows_of(batch: Any) -> list[Any]:
+    """Every row of a batch, as :func:`row_of` gives them (an array's rows are views)."""
+    if type(batch) is np.ndarray:
+        return list(batch) if batch.ndim > 1 else batch.tolist()
+    return [row_of(batch, i) for i in range(length(batch))]
+
+
+def value_of(batch: Any, i: int) -> Any:
+    """Row ``i`` of a batch as the JSON value that the step table's column holds."""
+    if isinstance(batch, dict):
+        return {k: value_of(v, i) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return [value_of(v, i) for v in batch]
+    return np.asarray(batch)[i].tolist()
+
+
+def take(batch: Any, rows: list[int]) -> Any:
+    """Rows of a batch, as a batch."""
+    if isinstance(batch, dict):
+        return {key: take(value, rows) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(take(value, rows) for value in batch)
+    return np.asarray(batch)[rows]
+
+
+def concat(batches: list[Any]) -> Any:
+    """Batches of one space as one."""
+    first = batches[0]
+    if isinstance(first, dict):
+        return {key: concat([batch[key] for batch in batches]) for key in first}
+    if isinstance(first, tuple):
+        return tuple(concat([batch[i] for batch in batches]) for i in range(len(first)))
+    return np.concatenate(batches)
+
+
+def length(batch: Any) -> int:
+    """Rows in a batch."""
+    if isinstance(batch, dict | tuple):
+        return length(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
+    return len(batch)
