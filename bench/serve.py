@@ -437,7 +437,7 @@ def _accepted(url: str) -> int:
     import requests
 
     text = requests.get(url + "/v1/metrics", timeout=10).text
-    return int(re.search(r"^rlpipe_steps_accepted_total (\d+)$", text, re.M)[1])  # type: ignore[index]
+    return int(float(re.search(r"^rlpipe_steps_accepted_total (\S+)$", text, re.M)[1]))  # type: ignore[index]
 
 
 def _ingest(url: str, seconds: float, baseline: float, bare_p50: float) -> dict[str, float]:

@@ -12,6 +12,8 @@ their Flask routes here call the same :mod:`server.handlers` for the requests it
 
 from __future__ import annotations
 
+import re
+import time
 from typing import Any
 
 from flask import Flask, Response, current_app, g, jsonify, request
@@ -26,6 +28,7 @@ from server.weights import weights_response
 from server.wsgi import FastPath
 
 _PUBLIC = {"health", "openapi_document"}
+_RULE_PARAMETER = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")  # <path:episode_id> -> {episode_id}
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -46,13 +49,17 @@ def create_app(config: ServerConfig) -> Flask:
 def _guards(app: Flask, config: ServerConfig, service: Service) -> None:
     @app.before_request
     def _check() -> None:
+        g.started = time.perf_counter()
         public = request.endpoint in _PUBLIC
         handlers.guard(config, None if public else request.headers.get("Authorization", ""),
                        request.content_length, check_token=not public)  # fmt: skip
 
     @app.after_request
     def _count(response: Response) -> Response:
-        service.metrics.response(response.status_code, getattr(g, "steps", 0))
+        rule = request.url_rule
+        route = _RULE_PARAMETER.sub(r"{\1}", rule.rule) if rule is not None else "unrouted"
+        seconds = time.perf_counter() - g.get("started", time.perf_counter())
+        service.metrics.response(response.status_code, g.get("steps", 0), route, seconds)
         return response
 
 
@@ -137,11 +144,11 @@ def _info_routes(app: Flask, service: Service) -> None:
 
     @app.get("/v1/metrics")
     def metrics() -> Response:
-        text = service.metrics.render(
-            len(service.episodes), service.writer.backlog,
+        text, content_type = service.metrics.render(
+            request.headers.get("Accept", ""), len(service.episodes), service.writer.backlog,
             service.writer.last_commit_seconds, service.runner.version,
         )  # fmt: skip
-        return Response(text, mimetype="text/plain; version=0.0.4")
+        return Response(text, content_type=content_type)
 
     @app.get("/v1/openapi.json")
     def openapi_document() -> Response:

@@ -37,6 +37,7 @@ _VERSION_HEADER = {
         "description": "the checkpoint's version",
     }
 }
+_TEXT = {"schema": {"type": "string"}}
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
 
 
@@ -168,7 +169,9 @@ def _paths() -> dict[str, Any]:
         },
         "/v1/metrics": {
             "get": _op(
-                "Prometheus text format.", answer={"text/plain": {"schema": {"type": "string"}}}
+                "Counters, gauges and the request and append latency histograms (docs/protocol.md "
+                "names them), in Prometheus' text format 0.0.4, or OpenMetrics when Accept asks.",
+                answer={"text/plain": _TEXT, "application/openmetrics-text": _TEXT},
             )
         },
         "/v1/openapi.json": {

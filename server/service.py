@@ -105,7 +105,8 @@ class Service:
                 self.writer.append_episodes(summaries, validated=True)
             except SchemaError as error:  # the steps are written: this must not be retried
                 raise DatasetError(f"writing episode summaries failed: {error}") from error
-        self.metrics.observe_append(time.perf_counter() - started, count)
+        if count or summaries:  # a step that completed no row appended nothing
+            self.metrics.observe_append(time.perf_counter() - started, count)
 
     def _reap_loop(self) -> None:
         period = min(self.config.idle_timeout_s / 4, 1.0)

@@ -10,6 +10,7 @@ without a ``Content-Length``) goes to Flask unchanged.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,6 +46,7 @@ class FastPath:
         route = self._route(environ) if environ.get("REQUEST_METHOD") == "POST" else None
         if route is None or not environ.get("CONTENT_LENGTH"):
             return self.app(environ, start_response)
+        started = time.perf_counter()
         counts = _Counts()
         headers: list[tuple[str, str]] = []
         try:
@@ -58,7 +60,8 @@ class FastPath:
         except orjson.JSONEncodeError as error:  # a bug; still answered as JSON, and logged
             status, answer, _ = error_answer(error)
             body = orjson.dumps(answer)
-        self.service.metrics.response(status, counts.steps)
+        seconds = time.perf_counter() - started
+        self.service.metrics.response(status, counts.steps, _template(environ), seconds)
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         start_response(f"{status} {_REASONS.get(status, '')}", headers)
         return [body]
@@ -109,3 +112,11 @@ class FastPath:
 
         content_type = environ.get("CONTENT_TYPE")
         return 200, handlers.upload(self.service, header, content_type, body, counts)
+
+
+def _template(environ: dict[str, Any]) -> str:
+    """The route's template, as the Flask routes' metrics name it (an episode's id left out)."""
+    path: str = environ.get("PATH_INFO", "")
+    if path.startswith(_PREFIX):
+        return _PREFIX + "{episode_id}/" + path.rpartition("/")[2]
+    return path

@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 import requests
 from flask import Flask
+from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.serving import make_server
 
 from pipeline.policy.checkpoint import Checkpoint, ModelSpec, save_checkpoint
@@ -72,6 +73,16 @@ def running_server(config: ServerConfig) -> Iterator[Running]:
         thread.join()
         server.server_close()
         app.extensions["rlpipe"].close()
+
+
+def metric(text: str, sample: str, **labels: str) -> float | None:
+    """One sample of a ``/v1/metrics`` answer, read by prometheus_client's own parser (None when
+    the server has not exposed it)."""
+    for family in text_string_to_metric_families(text):
+        for found in family.samples:
+            if found.name == sample and found.labels == labels:
+                return float(found.value)
+    return None
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
-"""The client's HTTP (pipeline/client/transport.py) against a real socket server that answers in each of
-HTTP/1.1's framings (Content-Length, chunked with a trailer, close), and records what it was sent:
-the prefix, the token, quoted paths, one connection kept alive, timeouts and retries."""
+"""The client's HTTP (pipeline/client/transport.py) against a real socket server that answers in
+each of HTTP/1.1's framings (Content-Length, chunked with a trailer, close), and records what it was
+sent: the prefix, the token, quoted paths, one connection kept alive, timeouts and retries."""
 
 from __future__ import annotations
 

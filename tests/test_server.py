@@ -21,6 +21,7 @@ from server_fixtures import (
     cartpole_config,
     free_port,
     kill,
+    metric,
     running_server,
     start_serve_process,
 )
@@ -281,8 +282,8 @@ def _check_nothing_bad_written(data: Path, metrics: str) -> None:
     assert len(steps) == 2
     episodes = pd.read_parquet(data / "episodes")  # no empty episode from a refused batch
     assert sorted(episodes["episode_id"]) == ["e1", "old"]
-    assert re.search(r"^rlpipe_steps_accepted_total 2$", metrics, re.M)
-    assert re.search(r'^rlpipe_responses_total\{status="401"\} 2$', metrics, re.M)
+    assert metric(metrics, "rlpipe_steps_accepted_total") == 2
+    assert metric(metrics, "rlpipe_responses_total", status="401") == 2
 
 
 def test_a_retried_request_is_answered_again_without_a_second_row(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import requests
 from gymnasium.vector import AutoresetMode
-from server_fixtures import cartpole_config, env_config, lossy_proxy, running_server
+from server_fixtures import cartpole_config, env_config, lossy_proxy, metric, running_server
 
 from pipeline.client import PolicyClient, RequestRejected
 from pipeline.client.vector import VectorEpisodes
@@ -57,8 +57,7 @@ def _run(client: PolicyClient, mode: AutoresetMode, steps: int) -> dict[str, Any
 
 def _responses(url: str) -> int:
     metrics = requests.get(url + "/v1/metrics", timeout=10).text
-    found = re.search(r'^rlpipe_responses_total\{status="200"\} (\d+)', metrics, re.M)
-    return int(found.group(1)) if found else 0
+    return int(metric(metrics, "rlpipe_responses_total", status="200") or 0)
 
 
 def _check_log(data: Path, run: dict[str, Any]) -> pd.DataFrame:
