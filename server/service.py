@@ -15,6 +15,7 @@ from typing import Any
 
 from pipeline.dataset.writer import DatasetWriter
 from pipeline.errors import DatasetError, SchemaError
+from pipeline.format.schema import rows_to_columns
 from pipeline.recording import recorder
 from pipeline.recording.episode import Episode
 from pipeline.recording.recorder import CLOSED
@@ -94,15 +95,15 @@ class Service:
         self.writer.close()
 
     def write_rows(self, columns: dict[str, list[Any]], summaries: list[dict[str, Any]]) -> None:
-        """Make step rows (as columns) and episode summaries durable, in that order (values
-        were validated on the way in)."""
+        """Make step rows (as columns) and episode summaries durable, in that order (the
+        writer checks what its line route needs; the step core checked the rest)."""
         started = time.perf_counter()
         count = len(columns["episode_id"])
         if count:
-            self.writer.append(columns, validated=True)
+            self.writer.append(columns)
         if summaries:
             try:
-                self.writer.append_episodes(summaries, validated=True)
+                self.writer.append_episodes(rows_to_columns(summaries))
             except SchemaError as error:  # the steps are written: this must not be retried
                 raise DatasetError(f"writing episode summaries failed: {error}") from error
         if count or summaries:  # a step that completed no row appended nothing

@@ -83,7 +83,7 @@ def test_sigkill_loses_no_acknowledged_row(
     tmp_path: Path, sync: str, form: str, rounds: int
 ) -> None:
     """``background`` acknowledges before fsync: a process kill must still lose nothing. The
-    server's appends (``rows``: a few validated rows at a time; ``packed``: the same as columns)
+    server's appends (``rows``: a few rows at a time, made columns; ``packed``: with arrays)
     go through the row log."""
     path = tmp_path / "ds"
     rng = np.random.default_rng(7)

@@ -17,6 +17,7 @@ from PIL import Image
 from pipeline import DatasetWriter, InputReader
 from pipeline.commands.cli import main
 from pipeline.commands.replay import replay_episode
+from pipeline.format.schema import rows_to_columns
 
 # (seed, reset options) per episode; CartPole takes the bounds of its initial state as options.
 EPISODES = [(10, None), (11, None), (12, {"low": -0.01, "high": 0.01}), (13, None)]
@@ -51,12 +52,12 @@ def record(
             if tamper is not None:
                 tamper(episode_id, columns)
             writer.append(columns)
-            writer.append_episodes([{
+            writer.append_episodes(rows_to_columns([{
                 "episode_id": episode_id, "started_at": started, "ended_at": datetime.now(UTC),
                 "length": t, "return": math.fsum(columns["reward"]), "env_id": env_id,
                 "seed": seed, "reset_options": options,
                 "end_reason": "terminated" if terminated else "truncated",
-            }])  # fmt: skip
+            }]))  # fmt: skip
             ids.append(episode_id)
     env.close()
     return ids

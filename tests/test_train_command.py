@@ -23,6 +23,7 @@ from trainer_factories import (
 
 from pipeline import DatasetWriter, InputReader
 from pipeline.commands.cli import main
+from pipeline.format.schema import rows_to_columns
 from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.policy.network import NumpyPolicy
 from pipeline.trainers import loop  # noqa: F401  (torch imported before client threads start)
@@ -111,7 +112,7 @@ def _client(data: Path, stop: threading.Event, seed: int, env_id: str = "CartPol
                 if terminated or truncated or t == 99:
                     rows[-1]["truncated"] = not terminated
                     break
-            writer.append_rows(rows)
+            writer.append(rows_to_columns(rows))
             writer.flush()
             episode += 1
             stop.wait(0.02)  # share the GIL with the trainer, as separate processes would

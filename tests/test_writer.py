@@ -25,6 +25,7 @@ from pipeline import (
     read_manifest,
 )
 from pipeline.format.layout import DEFAULT_AGENT_ID
+from pipeline.format.schema import rows_to_columns
 
 
 def _read_all(path: Path, **options: Any) -> Any:
@@ -51,7 +52,7 @@ def test_rows_round_trip_exactly(tmp_path: Path) -> None:
     assert read_manifest(tmp_path).env_id == "CartPole-v1"
 
 
-def test_append_rows_takes_per_row_mappings(tmp_path: Path) -> None:
+def test_rows_become_columns_at_the_edge(tmp_path: Path) -> None:
     rows = [
         {"episode_id": "e", "t": t, "observation": [0.1 * t] * 4, "action": t % 2, "reward": 1,
          "next_observation": [0.1 * t + 0.1] * 4, "terminated": t == 2, "truncated": False,
@@ -59,7 +60,7 @@ def test_append_rows_takes_per_row_mappings(tmp_path: Path) -> None:
         for t in range(3)
     ]  # fmt: skip
     with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
-        writer.append_rows(rows)
+        writer.append(rows_to_columns(rows))
     batch = _read_all(tmp_path, columns=["observation", "info", "action_logp", "policy_version"])
     np.testing.assert_allclose(batch.observations[2], [0.2] * 4, rtol=1e-6)
     assert list(batch.infos) == ['{"lives": 3}'] * 3
@@ -278,15 +279,15 @@ def test_config_is_validated(field: str, value: Any, expected: str) -> None:
 def test_episodes_table(tmp_path: Path) -> None:
     now = np.datetime64("2026-11-22T10:00:00", "us")
     with DatasetWriter(tmp_path, *cartpole_spaces(), env_id="CartPole-v1") as writer:
-        writer.append_episodes(
+        writer.append_episodes(rows_to_columns(
             [{"episode_id": "e1", "started_at": now, "ended_at": now, "length": 12, "return": 12.0,
               "end_reason": "terminated", "seed": 3, "reset_options": {"low": -0.1}}]
-        )  # fmt: skip
+        ))  # fmt: skip
         with pytest.raises(SchemaError, match=re.escape("field 'end_reason': expected one of")):
-            writer.append_episodes(
+            writer.append_episodes(rows_to_columns(
                 [{"episode_id": "e2", "started_at": now, "ended_at": now, "length": 1,
                   "return": 0.0, "end_reason": "done"}]
-            )  # fmt: skip
+            ))  # fmt: skip
     table = pq.read_table(next(tmp_path.glob("episodes/date=*/*.parquet")))
     assert table.column("episode_id").to_pylist() == ["e1"]
     assert table.column("reset_options").to_pylist() == ['{"low": -0.1}']

@@ -10,6 +10,7 @@ import numpy as np
 
 from pipeline import DatasetWriter, InputReader
 from pipeline.dataset.batch import Batch
+from pipeline.format.schema import rows_to_columns
 
 
 def balance(observation: np.ndarray) -> int:
@@ -40,7 +41,7 @@ def scripted_cartpole(path: Path, steps: int, epsilon: float, seed: int = 0) -> 
             observation, _ = env.reset()
             episode, t = episode + 1, 0
     with DatasetWriter(path, env.observation_space, env.action_space, env_id="CartPole-v1") as w:
-        w.append_rows(rows)
+        w.append(rows_to_columns(rows))
     env.close()
     return path
 
@@ -139,7 +140,7 @@ def logged_play(path: Path, env_id: str, episodes: int, seed: int = 0) -> Path:
                 observation = next_observation
                 if terminated or truncated:
                     break
-            writer.append_rows(rows)
+            writer.append(rows_to_columns(rows))
     env.close()
     return path
 

@@ -1,10 +1,10 @@
 """A writer process for the durability tests: appends numbered batches (forever, or ``batches``
 of them), printing each acknowledgement after ``append`` returns, until it is killed or done.
 
-``form`` "columns" appends columns of up to 3,000 rows (the Arrow log); "rows" appends validated
-rows a few at a time with an episode summary each, as the server does (the row log's row lines);
-"packed" the same rows as validated columns, as the server's vectorized path does (its column
-lines)."""
+``form`` "columns" appends columns of up to 3,000 rows (mostly the Arrow log); "rows" appends
+rows a few at a time, made columns, with an episode summary each, as the server does (the log's
+lines); "packed" the same rows as columns with array observations, as the server's vectorized
+path does."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from pipeline import DatasetWriter, WriterConfig
+from pipeline.format.schema import rows_to_columns
 
 
 def main(path: str, run: int, batches: int = 1_000_000, sync: str = "always",
@@ -52,16 +53,15 @@ def _append_rows(writer: DatasetWriter, name: str, rows: int, rng: np.random.Gen
               "terminated": False, "truncated": False, "action_logp": -0.5, "policy_version": 1,
               "training_enabled": True, "info": None, "client_id": "w"}
              for t in range(rows)]  # fmt: skip
-    if form == "rows":
-        writer.append_rows(steps, validated=True)
-    else:
-        writer.append({key: [step[key] for step in steps] for key in steps[0]}, validated=True)
+    columns = rows_to_columns(steps)
+    if form == "packed":
+        columns["observation"] = np.stack(columns["observation"])
+    writer.append(columns)
     now = datetime.now(UTC)
     writer.append_episodes(
-        [{"episode_id": name, "agent_id": "agent0", "client_id": "w", "started_at": now,
-          "ended_at": now, "length": rows, "return": float(rows), "end_reason": "terminated",
-          "training_enabled": True}],
-        validated=True,
+        {"episode_id": [name], "agent_id": ["agent0"], "client_id": ["w"], "started_at": [now],
+         "ended_at": [now], "length": [rows], "return": [float(rows)],
+         "end_reason": ["terminated"], "training_enabled": [True]}
     )  # fmt: skip
     print(f"{name} {rows}", flush=True)
 

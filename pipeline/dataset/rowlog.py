@@ -1,23 +1,22 @@
-"""Row segments of the write-ahead log: the server's small appends, durable without Arrow.
+"""Line segments of the write-ahead log: small appends, durable without Arrow.
 
 Every step a server acknowledges is in the log first, and most of its appends hold one to a few
-dozen rows. Made into an Arrow record batch, checked and serialized, such an append cost ~370 us
-of CPU in a step's request path (pyarrow's fixed cost per call, with caches cold between
-requests): more than half of the whole step. Written as one JSON line of values in column order
-it costs ~20-30 us, and the shard is built from the rows in bulk when the segment rolls, off the
-request path. Only tables whose columns are all scalars or short fixed-size lists of numbers take
-this form (the Box observations of simulators); any other table, and every Arrow batch (uploads,
-importers), is logged as Arrow (:mod:`pipeline.dataset.wal`).
+dozen rows. Made into an Arrow record batch and serialized, such an append costs ~90-130 us of CPU
+(~175-230 us with caches cold, as between requests): pyarrow's fixed cost per call, a third of
+a whole step. Written as one JSON line it costs ~18-46 us (1-16 rows; ~60-115 us cold), and the
+shard is built from the lines' values in bulk when the segment rolls, off the request path. From a
+few hundred rows on, Arrow is the cheaper log, and it takes any space; so the writer logs an append
+as a line only when it has at most ``writer.LINE_MAX_ROWS`` rows and every column of its table is
+a scalar or a short fixed-size list of numbers (the Box observations of simulators).
+``docs/format.md`` section 8 has the figures and the spec.
 
-A row segment is a text file: a header line (a JSON object with the table's Arrow schema as the
-base64 of its IPC message), then one line per append, a JSON array of rows, each an array of
-its values in schema order (timestamps as integer microseconds since the epoch, UTC; fixed-size
-lists as the base64 of their little-endian bytes; JSON-text columns as strings), or, for an
-append given column by column, a JSON object of its columns, each its values or, for numbers
-without nulls, the base64 of all their bytes (no decimal text to write). Both carry each
-value exactly (a float as the shortest text that reads back as it), and a line is written with
-one ``write`` loop, so a torn tail is an incomplete last line, dropped. ``docs/format.md``
-section 8 is the spec.
+A line segment is a text file: a header line (a JSON object with the table's Arrow schema as the
+base64 of its IPC message), then one line per append, a JSON object of its columns in schema order,
+each its values (timestamps as integer microseconds since the epoch, UTC; fixed-size lists as the
+base64 of their little-endian bytes; JSON-text columns as strings) or, for numbers without nulls,
+the base64 of all their bytes (no decimal text to write). Each value is carried exactly (a float
+as the shortest text that reads back as it), and a line is written with one ``write`` loop, so a
+torn tail is an incomplete last line, dropped.
 """
 
 from __future__ import annotations
@@ -26,9 +25,8 @@ import base64
 import binascii
 import json
 import math
-import operator
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from pipeline.errors import DatasetError
 from pipeline.format.checks import json_text
 
 MAX_LIST = 64  # values in a fixed-size list column; larger ones (images) are logged as Arrow
+_PACK_MIN = 8  # rows from which a scalar column is packed: for fewer, its values cost less
 _HEADER = "rlpipe-rows"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -65,14 +64,15 @@ Columns = list[list[Any]]  # an append's checked values, column by column in sch
 
 
 class RowEncoder:
-    """Rows of one table (mappings by column name) as checked columns and one log line.
+    """An append to one table (a mapping of column name to values) as checked columns and one
+    log line.
 
     Every value is checked against its column's Arrow type here, a column at a time, so that a
     line accepted now always becomes Arrow later, at commit or in recovery (a value that JSON
-    carries but Arrow refuses would otherwise stop every later writer of the dataset). The
-    other checks are those of the writer's validated appends: no null where the schema allows
-    none, no NaN or infinity in a float column, JSON text that parses. ``logged_at`` is always
-    the writer's clock.
+    carries but Arrow refuses would otherwise stop every later writer of the dataset): no null
+    where the schema allows none, no NaN or infinity in a float column (nor a list's), JSON
+    text that parses. What the table's values mean (spaces, ids, step indices) the writer
+    checks after (:mod:`pipeline.format.checks`). ``logged_at`` is always the writer's clock.
     """
 
     def __init__(self, table_schema: pa.Schema) -> None:
@@ -81,8 +81,6 @@ class RowEncoder:
         self._plan = [(i, field.name, "text" if field.name in _TEXTS else _kind(field.type),
                        not field.nullable) for i, field in enumerate(table_schema)
                       if i != self.logged_at]  # fmt: skip
-        self._names_given = [name for _, name, _, _ in self._plan]
-        self._given = operator.itemgetter(*self._names_given)
         self._lists = {i: (_dtype(field.type), field.type.list_size)
                        for i, field in enumerate(table_schema)
                        if pa.types.is_fixed_size_list(field.type)}  # fmt: skip
@@ -90,45 +88,28 @@ class RowEncoder:
                        for i, _, kind, _ in self._plan if kind in _PACKED}  # fmt: skip
         self._packs = {i for i, code in self._codes.items() if code is not None} | set(self._lists)
 
-    def encode(self, rows: Sequence[Mapping[str, Any]], now: int) -> tuple[Columns, bytes]:
-        """The append's checked columns (lists as the bytes of their values) and its line,
-        stamped ``now`` (microseconds since the epoch).
+    def encode(self, given: Mapping[str, Any], now: int) -> tuple[Columns, bytes]:
+        """An append's checked columns and its line, stamped ``now`` (microseconds since the
+        epoch). A column of numbers without nulls is checked and packed at once and written as
+        the base64 of its bytes, sparing the decimal text of each value; any other column as
+        its values. A fixed-size list column is kept as one piece of bytes for the whole append.
 
         Raises:
-            ValueError, TypeError: a value the checks refuse; the caller then takes a path
-                whose error names the row and field.
+            ValueError, TypeError, KeyError: a value the checks refuse, or a missing column; the
+                writer then takes the validating path, whose error names the row and field.
         """
-        try:  # all columns given (the server's rows): one C call a row, then columns
-            given = list(zip(*map(self._given, rows), strict=True))
-        except KeyError:
-            given = [tuple(row.get(name) for row in rows) for name in self._names_given]
-        columns: Columns = []
-        written: list[Any] = []
-        for (i, _, kind, required), values in zip(self._plan, given, strict=True):
-            checked = self._checked(i, kind, required, list(values))
-            columns.append(checked)
-            written.append([_text(value) for value in checked] if kind == "list" else checked)
-        columns.insert(self.logged_at, [now] * len(rows))
-        written.insert(self.logged_at, columns[self.logged_at])
-        return columns, _line(list(zip(*written, strict=True)))
-
-    def encode_columns(self, given: Mapping[str, Any], now: int) -> tuple[Columns, bytes]:
-        """:meth:`encode` for an append given column by column (the server's vectorized steps):
-        a column of numbers without nulls is checked and packed at once and written as the
-        base64 of its bytes, sparing the decimal text of each value; any other column as its
-        values. A fixed-size list column is kept as one piece of bytes for the whole append.
-
-        Raises:
-            ValueError, TypeError, KeyError: as :meth:`encode`, or a missing column.
-        """
-        n = len(given[self._names_given[0]])
+        n = len(given[self._plan[0][1]])
         columns: Columns = []
         written: list[Any] = []
         for i, name, kind, required in self._plan:
             values = given[name]
             if len(values) != n:
                 raise ValueError(f"column {name!r}: {len(values)} values, expected {n}")
-            packed = self._pack(i, kind, values, n) if i in self._packs else None
+            packed = (
+                self._pack(i, kind, values, n)
+                if i in self._packs and (kind == "list" or n >= _PACK_MIN)
+                else None
+            )
             if packed is None:
                 checked = self._checked(i, kind, required, list(values))
                 columns.append(checked)
@@ -171,6 +152,8 @@ class RowEncoder:
             if raw.dtype.kind not in _ACCEPTS[dtype.kind] or raw.shape[:1] != (n,) or (
                 raw.size != n * size):  # fmt: skip
                 return None
+            if dtype.kind == "f" and not (np.abs(raw) <= np.finfo(dtype).max).all():
+                return None  # NaN, infinity or too large for the dtype: refused value by value
             return raw.astype(dtype, copy=False).tobytes()  # float64 values of float32: rounded
         if not isinstance(values, list) or not set(map(type, values)) <= _PACKED[kind]:
             return None
@@ -276,17 +259,10 @@ class RowSegment(Segment):
         header = json.dumps({"format": _HEADER, "schema": schema_text}) + "\n"
         super().__init__(path, table_schema, seq, header.encode())
         self._columns: Columns = [[] for _ in table_schema]
-        self._stamps = table_schema.get_field_index("logged_at")
 
-    def write_rows(self, columns: Columns, line: bytes) -> int:
-        """Write one append's line (it survives whole or not at all); returns its number."""
-        with self._write_lock:
-            number = self.write_message(line)
-            for kept, column in zip(self._columns, columns, strict=True):
-                kept += column
-            self.rows += len(columns[self._stamps])  # one stamp a row (lists may be chunks)
-            self.bytes += len(line)
-        return number
+    def _keep(self, kept: Any) -> None:
+        for column, values in zip(self._columns, kept, strict=True):
+            column += values
 
     @property
     def batches(self) -> list[pa.RecordBatch]:
@@ -343,13 +319,6 @@ def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
 
 def _line_columns(table_schema: pa.Schema, record: Any) -> Columns:
     """One line's values column by column, as :meth:`RowEncoder.encode` keeps them."""
-    if isinstance(record, list):  # rows
-        columns = [list(column) for column in zip(*record, strict=True)]
-        texts = [i for i, field in enumerate(table_schema)
-                 if pa.types.is_fixed_size_list(field.type)]  # fmt: skip
-        for i in texts:
-            columns[i] = [binascii.a2b_base64(text) for text in columns[i]]
-        return columns
     n = record["n"]
     columns = []
     for field, entry in zip(table_schema, record["columns"], strict=True):

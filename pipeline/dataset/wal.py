@@ -4,9 +4,9 @@ A segment is an Arrow IPC stream file (schema message, then one record-batch mes
 written with one ``write`` per append and made durable with ``fsync``. Appends from many threads
 share fsyncs (group commit): a thread whose bytes were covered by another thread's fsync returns
 without its own. After a crash, a segment is read back up to its last complete message; a torn tail
-is what an unacknowledged append left behind, and is dropped. The server's small validated appends
-go to segments of JSON row lines instead (:mod:`pipeline.dataset.rowlog`), which share this class's
-writing and syncing.
+is what an unacknowledged append left behind, and is dropped. Small appends of tables of scalars
+and short lists (the server's steps) go to segments of JSON lines instead
+(:mod:`pipeline.dataset.rowlog`), which share this class's writing and syncing.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import fcntl
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -26,6 +27,8 @@ class Segment:
 
     ``write`` then ``sync`` is an acknowledged append. They are split so that the caller can
     release its own lock between them, which is what lets concurrent appends share one fsync.
+    This class writes Arrow record-batch messages; :class:`pipeline.dataset.rowlog.RowSegment`
+    writes lines through the same methods.
     """
 
     def __init__(
@@ -46,15 +49,18 @@ class Segment:
         self.write_message(schema.serialize() if header is None else header)
         fsync_path(path.parent)  # the segment's directory entry must be durable before any ack
 
-    def write(self, batch: pa.RecordBatch) -> int:
-        """Write one batch as one message (it survives whole or not at all); returns its number."""
-        message = batch.serialize()
+    def write(self, message: pa.Buffer | bytes, rows: int, kept: Any) -> int:
+        """Write one append's message (it survives whole or not at all) and keep its rows for
+        the shard (``kept``: what :meth:`_keep` takes); returns the message's number."""
         with self._write_lock:
             number = self.write_message(message)
-            self._batches.append(batch)
-            self.rows += batch.num_rows
-            self.bytes += message.size
+            self._keep(kept)
+            self.rows += rows
+            self.bytes += len(memoryview(message))
         return number
+
+    def _keep(self, kept: Any) -> None:
+        self._batches.append(kept)
 
     @property
     def batches(self) -> list[pa.RecordBatch]:

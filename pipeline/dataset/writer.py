@@ -4,10 +4,11 @@ Durability contract: once ``append`` (or the ``flush`` after it) returns, its ro
 ``kill -9``; readers never see a partial file; reopening the dataset recovers every acknowledged row
 and drops torn tails; many writer processes can share one directory because each names its files
 with its own writer id. The path an append takes: validate (columnar, all problems at once), write
-one message to the write-ahead log (an Arrow batch, or for validated rows a JSON line:
-:mod:`pipeline.dataset.rowlog`) and fsync it (group commit across threads), return. A
-background thread rolls the log segment into a Parquet shard when it reaches ``max_rows``,
-``max_bytes`` or ``max_age_s``, renames the shard into place, then deletes the segment.
+one message to the write-ahead log (an Arrow batch, or for a small append of a table of scalars and
+short lists a JSON line: :mod:`pipeline.dataset.rowlog`) and fsync it (group commit across
+threads), return. A background thread rolls the log segment into a Parquet shard when it reaches
+``max_rows``, ``max_bytes`` or ``max_age_s``, renames the shard into place, then deletes the
+segment.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias, cast
@@ -79,17 +80,11 @@ class WriterConfig:
 SYNC_MODES = ("always", "background")
 
 
-def _rows_batch(table_schema: pa.Schema, rows: Sequence[Mapping[str, Any]]) -> Any:
-    """Validated rows as one Arrow batch, or None when a value does not convert exactly (the
-    validating path then names it)."""
-    try:
-        return checks.batch_from_rows(table_schema, rows)
-    except (pa.ArrowException, TypeError, ValueError, KeyError, OverflowError):
-        return None
-
-
-def _known_end_reasons(rows: Sequence[Mapping[str, Any]]) -> bool:
-    return all(row.get("end_reason") in schema.END_REASONS for row in rows)
+# Appends of at most this many rows go to the log as a JSON line when their table fits one. A line
+# costs ~16 us for one row and ~0.5 us a row from 256 rows on, plus ~0.6 us a row to become Arrow
+# at commit; Arrow costs ~90-230 us for a small append, ~1 us a row at 256 rows and ~0.15 at 10k
+# (docs/format.md section 8): past a few hundred rows, Arrow is the cheaper log.
+LINE_MAX_ROWS = 256
 
 
 def _as_batch(data: Columns) -> pa.RecordBatch | None:
@@ -102,18 +97,33 @@ def _as_batch(data: Columns) -> pa.RecordBatch | None:
     return None
 
 
-class _Table:
-    """One table's open log segment of one kind (Arrow or rows) and what rolls it."""
+def _as_columns(data: Columns) -> Mapping[str, Any]:
+    if isinstance(data, pa.Table | pa.RecordBatch):
+        return {name: data.column(name) for name in data.schema.names}
+    return data
 
-    def __init__(self, name: str, table_schema: pa.Schema, wal_dir: Path,
-                 seqs: Iterator[int], rows: bool = False) -> None:  # fmt: skip
+
+class _Table:
+    """One table's open log segment of one kind (Arrow or lines) and what rolls it."""
+
+    def __init__(
+        self,
+        name: str,
+        table_schema: pa.Schema,
+        wal_dir: Path,
+        seqs: Iterator[int],
+        lines: bool = False,
+    ) -> None:
         self.name = name
         self.schema = table_schema
         self.lock = threading.Lock()
         self.segment: Segment | None = None
         self.date = ""
         self.opened = 0.0
-        self.encoder = rowlog.RowEncoder(table_schema) if rows else None
+        self.encoder = rowlog.RowEncoder(table_schema) if lines else None
+        defaults = schema.STEP_DEFAULTS if name == layout.STEPS else schema.EPISODE_DEFAULTS
+        self.defaults = {k: v for k, v in defaults.items() if k != "logged_at"}
+        self.given = set(table_schema.names) - {"logged_at"}  # the columns a line takes
         self._wal_dir = wal_dir
         self._seqs = seqs  # shared by the table's two kinds: one shard name per segment
 
@@ -163,9 +173,11 @@ class DatasetWriter:
         seqs = {name: itertools.count() for name in schemas}
         self._tables = {name: _Table(name, table_schema, wal_dir, seqs[name])
                         for name, table_schema in schemas.items()}  # fmt: skip
-        self._row_tables = {name: _Table(name, table_schema, wal_dir, seqs[name], rows=True)
-                            for name, table_schema in schemas.items()
-                            if rowlog.fits(table_schema)}  # fmt: skip
+        self._line_tables = {
+            name: _Table(name, table_schema, wal_dir, seqs[name], lines=True)
+            for name, table_schema in schemas.items()
+            if rowlog.fits(table_schema)
+        }
         self._wal_dir = wal_dir
         self._pending: queue.Queue[tuple[_Table, Segment, str] | None] = queue.Queue(
             self.config.max_pending_shards
@@ -191,84 +203,52 @@ class DatasetWriter:
         """Rolled shards waiting to be written; the server answers 503 when this is full."""
         return self._pending.qsize()
 
-    def append(self, steps: Columns, *, validated: bool = False) -> int:
+    def append(self, steps: Columns) -> int:
         """Validate ``steps`` and make them durable; returns how many rows were acknowledged.
 
         ``steps`` is a mapping of column name to per-row values (numpy arrays, lists), or an Arrow
-        batch or table. Optional columns (agent_id, action_logp, policy_version, training_enabled,
-        info, client_id, logged_at) take their defaults when absent.
+        batch or table; rows (mappings) become columns through
+        :func:`~pipeline.format.schema.rows_to_columns`. Optional columns (agent_id, action_logp,
+        policy_version, training_enabled, info, client_id, logged_at) take their defaults when
+        absent.
 
-        An Arrow batch or table with exactly the step schema takes a fast path: columnar checks
-        without copies (:func:`~pipeline.format.checks.checked_step_batch`). With ``validated=True``
-        the caller promises it validated the values itself (the server: every observation and
-        action came through ``codec.to_arrow``); then only the schema, nulls and finite floats
-        are checked, and a mapping with every column goes to the log as one line
-        (:mod:`pipeline.dataset.rowlog`). Anything the fast path doubts goes through the full
-        validation, whose error names the row and field.
+        The writer picks the checks: an Arrow batch of exactly the step schema is checked in place
+        (:func:`~pipeline.format.checks.checked_step_batch`); a small mapping is checked value by
+        value as it becomes a log line (:mod:`pipeline.dataset.rowlog`); anything these doubt,
+        and every other append, goes through the full validation, whose error names the row and
+        field.
 
         Raises:
             SchemaError: naming every bad row and field; nothing of this call is written.
         """
         manifest = self.manifest
         batch = _as_batch(steps)
-        if batch is None and validated and isinstance(steps, Mapping):
-            written = self._append_row_record(layout.STEPS, steps, columns=True)
-            if written is not None:
-                return written
-        if batch is not None and validated:
-            batch = checks.validated_batch(batch, self.step_schema)
-        elif batch is not None:  # the fast path: already a step batch, checked without copies
+        if batch is not None:
             batch = checks.checked_step_batch(
                 batch, self.step_schema, manifest.observation_space, manifest.action_space
             )
+        elif isinstance(steps, Mapping):
+            written = self._append_line(layout.STEPS, steps)
+            if written is not None:
+                return written
         if batch is None:
-            batch = self._to_batch(
-                steps,
-                lambda columns: schema.steps_from_columns(
-                    self.step_schema, columns, manifest.observation_space, manifest.action_space
-                ),
+            batch = schema.steps_from_columns(
+                self.step_schema,
+                _as_columns(steps),
+                manifest.observation_space,
+                manifest.action_space,
             )
         return self._append(self._tables[layout.STEPS], batch)
 
-    def append_rows(self, rows: Sequence[Mapping[str, Any]], *, validated: bool = False) -> int:
-        """Per-row form of :meth:`append`; problems name the row's index in ``rows``.
-
-        With ``validated=True`` (the server's steps, a few rows at a time) the rows go to the log
-        as they are (:mod:`pipeline.dataset.rowlog`), and become Arrow only when their shard is
-        written: the same checks as :meth:`append`'s validated batches, at a tenth of the CPU.
-        """
-        if validated:
-            written = self._append_row_record(layout.STEPS, rows)
-            if written is not None:
-                return written
-            batch = _rows_batch(self.step_schema, rows)
-            if batch is not None:
-                return self.append(batch, validated=True)
-        return self.append(schema.rows_to_columns(rows))
-
-    def append_episodes(
-        self, episodes: Columns | Sequence[Mapping[str, Any]], *, validated: bool = False
-    ) -> int:
-        """Record ended episodes (one row each) in the episodes table.
-
-        ``validated`` as for :meth:`append`.
-        """
-        if isinstance(episodes, Sequence):
-            if validated and _known_end_reasons(episodes):
-                written = self._append_row_record(layout.EPISODES, episodes)
-                if written is not None:
-                    return written
-            batch = _rows_batch(schema.EPISODE_SCHEMA, episodes) if validated else None
-        else:
-            batch = _as_batch(episodes) if validated else None
-        if batch is not None:
-            batch = checks.validated_batch(batch, schema.EPISODE_SCHEMA)
-            if batch is not None and not checks.known_end_reasons(batch):
-                batch = None
-        if batch is None:
-            columns = schema.rows_to_columns(episodes) if isinstance(episodes, Sequence) else (
-                episodes)  # fmt: skip
-            batch = self._to_batch(columns, schema.episodes_from_columns)
+    def append_episodes(self, episodes: Columns) -> int:
+        """Record ended episodes (one row each) in the episodes table; columns as for
+        :meth:`append`."""
+        written = None
+        if isinstance(episodes, Mapping):
+            written = self._append_line(layout.EPISODES, episodes)
+        if written is not None:
+            return written
+        batch = schema.episodes_from_columns(_as_columns(episodes))
         return self._append(self._tables[layout.EPISODES], batch)
 
     def flush(self) -> None:
@@ -297,37 +277,37 @@ class DatasetWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _to_batch(self, data: Columns, build: Any) -> pa.RecordBatch:
-        if isinstance(data, pa.Table):
-            data = {name: data.column(name) for name in data.column_names}
-        elif isinstance(data, pa.RecordBatch):
-            data = {name: data.column(name) for name in data.schema.names}
-        batch: pa.RecordBatch = build(data)
-        return batch
-
     def _append(self, table: _Table, batch: pa.RecordBatch) -> int:
         date = first_date(batch) if batch.num_rows else ""
-        return self._write(table, date, batch.num_rows, lambda s: s.write(batch))
+        return self._write(table, date, batch.num_rows, batch.serialize(), batch)
 
-    def _append_row_record(self, name: str, data: Any, columns: bool = False) -> int | None:
-        """Log validated rows (or, with ``columns``, a mapping of columns) as a row record; None
-        when this table or these values cannot be."""
-        table = self._row_tables.get(name)
-        if table is None or table.encoder is None or not data:
-            return None
-        now = time.time_ns() // 1000
-        encode = table.encoder.encode_columns if columns else table.encoder.encode
+    def _append_line(self, name: str, given: Mapping[str, Any]) -> int | None:
+        """Log a small append as one line (:mod:`pipeline.dataset.rowlog`); None when its table
+        does not fit the form, or its values are not plainly valid: the caller then takes the
+        Arrow path, whose checks name the problem."""
+        table = self._line_tables.get(name)
         try:
-            checked, line = encode(data, now)
+            rows = len(next(iter(given.values()), ()))
+        except TypeError:
+            return None  # not a column of values: the full validation names it
+        if table is None or not 0 < rows <= LINE_MAX_ROWS or not given.keys() <= table.given:
+            return None  # also an unknown column, or logged_at given: the caller's clock
+        columns = {**given, **{k: [v] * rows for k, v in table.defaults.items() if k not in given}}
+        now = time.time_ns() // 1000
+        try:
+            checked, line = cast(rowlog.RowEncoder, table.encoder).encode(columns, now)
         except (ValueError, TypeError, KeyError):
             return None
+        manifest = self.manifest
+        if not (
+            checks.episode_values_fit(columns)
+            if name == layout.EPISODES
+            else checks.step_values_fit(columns, manifest.observation_space, manifest.action_space)
+        ):
+            return None
+        return self._write(table, date_of(now), rows, line, checked)
 
-        def write(segment: Segment) -> int:  # the row table opens only row segments
-            return cast(rowlog.RowSegment, segment).write_rows(checked, line)
-
-        return self._write(table, date_of(now), len(checked[table.encoder.logged_at]), write)
-
-    def _write(self, table: _Table, date: str, rows: int, write: Callable[[Segment], int]) -> int:
+    def _write(self, table: _Table, date: str, rows: int, message: Any, kept: Any) -> int:
         """One append to the table's open segment (rolled first if its date has passed)."""
         self._raise_if_failed()
         if self._closed.is_set():
@@ -339,7 +319,7 @@ class DatasetWriter:
             if table.segment is not None and (table.date != date or table.segment.broken):
                 rolled = (table.detach(), table.date)  # a broken one: its written rows commit
             segment = table.segment or table.open_segment(date)
-            mine = write(segment)
+            mine = segment.write(message, rows, kept)
             if segment.rows >= self.config.max_rows or segment.bytes >= self.config.max_bytes:
                 rolled = rolled or (table.detach(), date)
         if self.config.sync == "always":
@@ -400,7 +380,7 @@ class DatasetWriter:
                     self._failure = error
 
     def _every_table(self) -> list[_Table]:
-        return [*self._tables.values(), *self._row_tables.values()]
+        return [*self._tables.values(), *self._line_tables.values()]
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:

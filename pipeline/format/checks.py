@@ -1,17 +1,16 @@
-"""Cheap checks for Arrow batches already shaped like the step or episodes table.
+"""Cheap checks for data already shaped like the step or episodes table.
 
-The server builds its rows from values it has validated, and uploads arrive as Arrow batches of
-the step schema; rebuilding those through :func:`pipeline.format.schema.steps_from_columns` cost
-~0.8 ms a step and 240 ms per 100k-row upload. These checks read the columns in place (~4 ms per
-100k rows) and refuse what the full path would refuse; a batch they cannot vouch for goes the full
-way.
+Uploads arrive as Arrow batches of the step schema; rebuilding those through
+:func:`pipeline.format.schema.steps_from_columns` cost 240 ms per 100k-row upload, and ~0.8 ms for
+a server's step. These checks read Arrow columns in place (~4 ms per 100k rows), or the values of
+a small append the log's encoder has type-checked, and refuse what the full path would refuse;
+data they cannot vouch for goes the full way, whose error names the row and field.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -24,37 +23,6 @@ from pipeline.format import codec
 from pipeline.format.schema import END_REASONS, json_default
 
 
-def batch_from_rows(schema: pa.Schema, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
-    """A batch of the step or episodes table from complete rows in Arrow's Python form.
-
-    The server's rows are built from values it has validated and converted to the columns'
-    Arrow types (``array.to_pylist()``), so each column converts exactly with one ``pa.array``,
-    skipping the per-value checks of :func:`steps_from_columns`. ``info`` and ``reset_options``
-    objects become JSON text (text must already be JSON), and ``logged_at`` is stamped now.
-
-    A key missing from a row becomes null, which the writer's check of non-null columns refuses.
-
-    Raises:
-        pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError: when a value does
-            not convert; the caller then takes the validating path.
-    """
-    now = datetime.now(UTC)
-    cached = _STRUCTS.get(id(schema))
-    if cached is None or cached[0] is not schema:
-        cached = _STRUCTS[id(schema)] = (schema, pa.struct(list(schema)))
-    texts = [name for name in _JSON_FIELDS if name in schema.names]
-    complete = [
-        {**row, "logged_at": now, **{name: json_text(row[name]) for name in texts}} for row in rows
-    ]
-    # one conversion of all rows as structs: a third of the cost of one pa.array per column
-    array = pa.array(complete, type=cached[1])
-    return pa.RecordBatch.from_struct_array(array).replace_schema_metadata(schema.metadata)
-
-
-_JSON_FIELDS = ("info", "reset_options")
-_STRUCTS: dict[int, tuple[pa.Schema, pa.DataType]] = {}  # schema id -> (schema, its struct)
-
-
 def json_text(value: Any) -> str | None:
     """An info or reset-options value as the JSON text stored (text must be JSON already)."""
     if value is None:
@@ -63,41 +31,6 @@ def json_text(value: Any) -> str | None:
         json.loads(value)  # text must be JSON already, as in steps_from_columns
         return value
     return json.dumps(value, allow_nan=False, default=json_default)
-
-
-def validated_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch | None:
-    """``batch`` when it has ``schema``, no nulls where none belong and finite floats, else None.
-
-    The checks for a batch whose values its maker has validated already (the server's own rows:
-    :func:`batch_from_rows` of values that came through ``codec.to_arrow``), cheap enough
-    for one row: the per-value checks of :func:`checked_step_batch` cost more than a step.
-    """
-    if not batch.schema.equals(schema):
-        return None
-    required, floats = _checked_columns(schema)
-    if any(_has_nulls(batch.column(i)) for i in required):
-        return None
-    return batch if all(_all_finite(batch.column(i)) for i in floats) else None
-
-
-def _has_nulls(column: pa.Array) -> bool:
-    """Nulls in the column, or among a fixed-size list's values (an observation with a hole)."""
-    if column.null_count:
-        return True
-    return pa.types.is_fixed_size_list(column.type) and bool(column.flatten().null_count)
-
-
-def _checked_columns(schema: pa.Schema) -> tuple[list[int], list[int]]:
-    """The indices of a schema's non-null and float columns (cached: a step costs microseconds)."""
-    cached = _CHECKED.get(id(schema))
-    if cached is None or cached[0] is not schema:
-        required = [i for i, field in enumerate(schema) if not field.nullable]
-        floats = [i for i, field in enumerate(schema) if pa.types.is_floating(field.type)]
-        cached = _CHECKED[id(schema)] = (schema, required, floats)
-    return cached[1], cached[2]
-
-
-_CHECKED: dict[int, tuple[pa.Schema, list[int], list[int]]] = {}
 
 
 def checked_step_batch(
@@ -170,5 +103,40 @@ def _fits(space: gym.Space[Any], column: pa.Array) -> bool:
     return True
 
 
-def known_end_reasons(batch: pa.RecordBatch) -> bool:
-    return all(reason in END_REASONS for reason in batch.column("end_reason").to_pylist())
+def step_values_fit(
+    columns: Mapping[str, Any], observation_space: gym.Space[Any], action_space: gym.Space[Any]
+) -> bool:
+    """Whether steps whose values the log's encoder took (``rowlog.RowEncoder``: each value of
+    its column's Arrow type, none missing, finite floats, JSON text) pass the rest of
+    :func:`~pipeline.format.schema.steps_from_columns`: non-empty episode ids, ``t`` >= 0,
+    observations and actions their spaces keep. On False the caller runs the full validation,
+    whose error names the row and field."""
+    if not all(columns["episode_id"]) or min(columns["t"]) < 0:  # strings, ints: encoder-checked
+        return False
+    spaces = {"observation": observation_space, "next_observation": observation_space,
+              "action": action_space}  # fmt: skip
+    return all(_values_fit(space, columns[name]) for name, space in spaces.items())
+
+
+def _values_fit(space: gym.Space[Any], values: Any) -> bool:
+    """:func:`_fits` for values the encoder took as the space's Arrow type (lists: flat or
+    shaped, of the right size)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return bool(min(values) >= space.start and max(values) < space.start + space.n)
+    if isinstance(space, gym.spaces.Box) and space.dtype.kind == "f":
+        return True  # the encoder refused NaN, infinity and values beyond the dtype
+    try:
+        shape: tuple[int, ...] = space.shape or ()
+        codec.to_arrow(space, np.asarray(values).reshape(len(values), *shape))
+    except (SchemaError, ValueError, TypeError):
+        return False
+    return True
+
+
+def episode_values_fit(columns: Mapping[str, Any]) -> bool:
+    """:func:`step_values_fit` for episodes: non-empty ids, lengths >= 0, known end reasons."""
+    return (
+        all(columns["episode_id"])
+        and min(columns["length"]) >= 0
+        and all(reason in END_REASONS for reason in columns["end_reason"])
+    )
