@@ -90,9 +90,10 @@ class RowEncoder:
 
     def encode(self, given: Mapping[str, Any], now: int) -> tuple[Columns, bytes]:
         """An append's checked columns and its line, stamped ``now`` (microseconds since the
-        epoch). A column of numbers without nulls is checked and packed at once and written as
-        the base64 of its bytes, sparing the decimal text of each value; any other column as
-        its values. A fixed-size list column is kept as one piece of bytes for the whole append.
+        epoch). A list column, and from ``_PACK_MIN`` rows a column of numbers without nulls, is
+        checked and packed at once and written as the base64 of its bytes, sparing the decimal
+        text of each value; any other column as its values. A fixed-size list column is kept as
+        one piece of bytes for the whole append.
 
         Raises:
             ValueError, TypeError, KeyError: a value the checks refuse, or a missing column; the
@@ -110,13 +111,15 @@ class RowEncoder:
                 if i in self._packs and (kind == "list" or n >= _PACK_MIN)
                 else None
             )
-            if packed is None:
-                checked = self._checked(i, kind, required, list(values))
-                columns.append(checked)
-                written.append([_text(value) for value in checked] if kind == "list" else checked)
-            else:
+            if packed is not None:
                 columns.append([packed] if kind == "list" else values)
                 written.append(_text(packed))
+            elif kind == "list":  # a None, lists of other sizes or mixed shapes, non-numbers
+                raise ValueError(f"column {name!r}: expected lists of {self._lists[i][1]} numbers")
+            else:
+                checked = self._checked(i, kind, required, list(values))
+                columns.append(checked)
+                written.append(checked)
         columns.insert(self.logged_at, [now] * n)
         written.insert(self.logged_at, columns[self.logged_at])
         return columns, _line({"n": n, "columns": written})
@@ -132,8 +135,6 @@ class RowEncoder:
             if kind == "float" and not math.isfinite(sum(v for v in values if v is not None)):
                 raise ValueError(f"column {self.names[i]!r}: NaN or infinity")
             return values
-        if kind == "list":
-            return self._packed(i, values)
         if kind == "text":
             return [json_text(value) for value in values]
         return [None if value is None else micros(value) for value in values]  # a time
@@ -176,16 +177,6 @@ class RowEncoder:
         if not types <= _TYPES[kind]:
             raise TypeError(f"column {self.names[i]!r}: expected {kind} values")
         return values
-
-    def _packed(self, i: int, values: list[Any]) -> list[bytes]:
-        """Each list as the little-endian bytes of exactly ``list_size`` numbers: packed as one
-        array when they make one, else each on its own (a None, or lists of mixed shapes)."""
-        data = self._pack(i, "list", values, len(values))
-        if data is not None:
-            return _split(data, len(values))
-        if len(values) > 1:
-            return [self._packed(i, [value])[0] for value in values]
-        raise ValueError(f"column {self.names[i]!r}: expected lists of {self._lists[i][1]} numbers")
 
 
 def _line(value: Any) -> bytes:
