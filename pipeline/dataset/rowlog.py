@@ -141,9 +141,10 @@ class RowEncoder:
 
     def _pack(self, i: int, kind: str, values: Any, n: int) -> bytes | None:
         """A column of numbers as the little-endian bytes of its values (lists: of their
-        items), or None when it holds anything else (nulls, numpy scalars): checked value by
-        value. Scalars are packed by ``struct``, which refuses what does not fit the type; a
-        scalar column must be a list of Python numbers of exactly the column's kind."""
+        items), or None when it holds anything else: a list column is then refused, a scalar
+        column (nulls, numpy scalars) checked value by value. Scalars are packed by ``struct``,
+        which refuses what does not fit the type; a scalar column must be a list of Python
+        numbers of exactly the column's kind."""
         if kind == "list":
             try:
                 raw = np.asarray(values)
@@ -153,8 +154,8 @@ class RowEncoder:
             if raw.dtype.kind not in _ACCEPTS[dtype.kind] or raw.shape[:1] != (n,) or (
                 raw.size != n * size):  # fmt: skip
                 return None
-            if dtype.kind == "f" and not (np.abs(raw) <= np.finfo(dtype).max).all():
-                return None  # NaN, infinity or too large for the dtype: refused value by value
+            if dtype.kind == "f" and not np.abs(raw).max(initial=0) <= _FLOAT_MAX[dtype.itemsize]:
+                return None  # NaN, infinity, or too large for the dtype
             return raw.astype(dtype, copy=False).tobytes()  # float64 values of float32: rounded
         if not isinstance(values, list) or not set(map(type, values)) <= _PACKED[kind]:
             return None
@@ -201,6 +202,7 @@ def _text(packed: bytes) -> str:
     return binascii.b2a_base64(packed, newline=False).decode("ascii")
 
 
+_FLOAT_MAX = {size: float(np.finfo(f"f{size}").max) for size in (2, 4, 8)}  # by item size
 _ACCEPTS = {"i": "iu", "u": "iu", "f": "fiu"}  # numpy kinds a list column's items may have
 _PACKED: dict[str, set[type]] = {"int": {int}, "float": {float, int}, "bool": {bool}}
 # a numpy type (after its byte order) as a struct code
