@@ -60,7 +60,7 @@ def _fits(kind: pa.DataType) -> bool:
                                        pa.types.is_timestamp))  # fmt: skip
 
 
-Columns = list[list[Any]]  # an append's checked values, column by column in schema order
+CheckedColumns = list[list[Any]]  # an append's checked values, column by column in schema order
 
 
 class RowEncoder:
@@ -88,7 +88,7 @@ class RowEncoder:
                        for i, _, kind, _ in self._plan if kind in _PACKED}  # fmt: skip
         self._packs = {i for i, code in self._codes.items() if code is not None} | set(self._lists)
 
-    def encode(self, given: Mapping[str, Any], now: int) -> tuple[Columns, bytes]:
+    def encode(self, given: Mapping[str, Any], now: int) -> tuple[CheckedColumns, bytes]:
         """An append's checked columns and its line, stamped ``now`` (microseconds since the
         epoch). A list column, and from ``_PACK_MIN`` rows a column of numbers without nulls, is
         checked and packed at once and written as the base64 of its bytes, sparing the decimal
@@ -100,7 +100,7 @@ class RowEncoder:
                 writer then takes the validating path, whose error names the row and field.
         """
         n = len(given[self._plan[0][1]])
-        columns: Columns = []
+        columns: CheckedColumns = []
         written: list[Any] = []
         for i, name, kind, required in self._plan:
             values = given[name]
@@ -251,7 +251,7 @@ class RowSegment(Segment):
         schema_text = base64.b64encode(table_schema.serialize().to_pybytes()).decode()
         header = json.dumps({"format": _HEADER, "schema": schema_text}) + "\n"
         super().__init__(path, table_schema, seq, header.encode())
-        self._columns: Columns = [[] for _ in table_schema]
+        self._columns: CheckedColumns = [[] for _ in table_schema]
 
     def _keep(self, kept: Any) -> None:
         for column, values in zip(self._columns, kept, strict=True):
@@ -264,7 +264,7 @@ class RowSegment(Segment):
         return [to_batch(self.schema, columns)] if columns[0] else []
 
 
-def to_batch(table_schema: pa.Schema, columns: Columns) -> pa.RecordBatch:
+def to_batch(table_schema: pa.Schema, columns: CheckedColumns) -> pa.RecordBatch:
     """Checked columns (as :meth:`RowEncoder.encode` makes them) as one batch of the table."""
     arrays = [_column(field.type, column) for field, column in zip(table_schema, columns,
                                                                    strict=True)]  # fmt: skip
@@ -297,7 +297,7 @@ def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
     except (ValueError, TypeError, KeyError, AttributeError, pa.ArrowInvalid) as error:
         raise DatasetError(f"{path}: not a row segment this rlpipe reads ({error!r}); it is "
                            "left in place") from None  # fmt: skip
-    columns: Columns = [[] for _ in table_schema]
+    columns: CheckedColumns = [[] for _ in table_schema]
     for number, line in enumerate(lines[1:-1], 2):  # the piece after the last newline: torn
         try:
             part = _line_columns(table_schema, json.loads(line))
@@ -310,7 +310,7 @@ def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
     return table_schema, [to_batch(table_schema, columns)] if columns[0] else []
 
 
-def _line_columns(table_schema: pa.Schema, record: Any) -> Columns:
+def _line_columns(table_schema: pa.Schema, record: Any) -> CheckedColumns:
     """One line's values column by column, as :meth:`RowEncoder.encode` keeps them."""
     n = record["n"]
     columns = []
