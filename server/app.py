@@ -5,24 +5,22 @@ service, whose ``close()`` ends open episodes as truncated and closes the writer
 command calls it at shutdown). The server serves no files and lists no directories: anything not
 routed here is a JSON 404.
 
-The step and upload resources are answered by :class:`server.wsgi.FastPath` in front of Flask;
-their Flask routes here call the same :mod:`server.handlers` for the requests it passes on
-(no ``Content-Length``), and make the URL map that the OpenAPI document is checked against.
+The step and upload resources are declared once, in :data:`server.routes.ROUTES`: registered
+here as Flask routes (the URL map the OpenAPI document is checked against, and what answers a
+body sent without a ``Content-Length``), and answered by :class:`server.wsgi.FastPath` in front
+of Flask otherwise.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from typing import Any
 
 from flask import Flask, Response, current_app, g, jsonify, request
 
 from pipeline.format import spaces
-from server import errors, handlers, openapi
-from server.bodies import parse_json
+from server import errors, handlers, openapi, routes
 from server.config import ServerConfig
-from server.requests import ACT, END, LOG
 from server.service import Service
 from server.weights import weights_response
 from server.wsgi import FastPath
@@ -39,7 +37,7 @@ def create_app(config: ServerConfig) -> Flask:
     app.extensions["rlpipe"] = service
     errors.register(app)
     _guards(app, config, service)
-    _episode_routes(app, service)
+    _step_routes(app, service)
     _data_routes(app, service)
     _info_routes(app, service)
     app.wsgi_app = FastPath(app.wsgi_app, service)  # type: ignore[method-assign]
@@ -51,8 +49,12 @@ def _guards(app: Flask, config: ServerConfig, service: Service) -> None:
     def _check() -> None:
         g.started = time.perf_counter()
         public = request.endpoint in _PUBLIC
-        handlers.guard(config, None if public else request.headers.get("Authorization", ""),
-                       request.content_length, check_token=not public)  # fmt: skip
+        handlers.guard(
+            config,
+            None if public else request.headers.get("Authorization", ""),
+            request.content_length,
+            check_token=not public,
+        )
 
     @app.after_request
     def _count(response: Response) -> Response:
@@ -61,10 +63,6 @@ def _guards(app: Flask, config: ServerConfig, service: Service) -> None:
         seconds = time.perf_counter() - g.get("started", time.perf_counter())
         service.metrics.response(response.status_code, g.get("steps", 0), route, seconds)
         return response
-
-
-def _body() -> dict[str, Any]:
-    return parse_json(_raw_body(), request.content_type)
 
 
 def _raw_body() -> bytes:
@@ -76,45 +74,33 @@ def _raw_body() -> bytes:
     limit = current_app.config["MAX_CONTENT_LENGTH"]
     body: bytes = request.environ["wsgi.input"].read(limit + 1)
     if len(body) > limit:
-        raise errors.ApiError(413, f"request body of more than {limit} bytes is larger than the "
-                                   f"server's limit of {limit} bytes")  # fmt: skip
+        raise errors.ApiError(
+            413,
+            f"request body of more than {limit} bytes is larger than the "
+            f"server's limit of {limit} bytes",
+        )
     return body
 
 
-def _episode_routes(app: Flask, service: Service) -> None:
-    @app.post("/v1/episodes")
-    def start_episode() -> tuple[Response, int]:
-        answer, status = handlers.start_episode(service, _body(), request.remote_addr, g)
-        return jsonify(answer), status
+def _step_routes(app: Flask, service: Service) -> None:
+    """The table of :mod:`server.routes`, the one the fast path answers from, as Flask routes."""
+    for route in routes.ROUTES:
 
-    @app.post("/v1/episodes/<path:episode_id>/actions")
-    def get_action(episode_id: str) -> Response:
-        return jsonify(handlers.episode_step(service, episode_id, ACT, _body(), g))
+        def view(route: routes.Route = route, episode_id: str = "") -> tuple[Response, int]:
+            incoming = routes.Incoming(
+                _raw_body(),
+                request.content_type,
+                request.remote_addr,
+                request.headers.get,
+                episode_id,
+            )
+            answer, status = route.handle(service, incoming, g)
+            return jsonify(answer), status
 
-    @app.post("/v1/episodes/<path:episode_id>/logged-actions")
-    def log_action(episode_id: str) -> Response:
-        return jsonify(handlers.episode_step(service, episode_id, LOG, _body(), g))
-
-    @app.post("/v1/episodes/<path:episode_id>/end")
-    def end_episode(episode_id: str) -> Response:
-        return jsonify(handlers.episode_step(service, episode_id, END, _body(), g))
-
-    @app.post("/v1/episodes/<path:episode_id>/returns")
-    def log_returns(episode_id: str) -> Response:
-        return jsonify(handlers.log_returns(service, episode_id, _body(), g))
-
-    @app.post("/v1/actions")
-    def get_actions() -> Response:
-        return jsonify(handlers.batch_step(service, _body(), request.remote_addr, g))
+        app.add_url_rule(route.rule, route.endpoint, view, methods=["POST"])
 
 
 def _data_routes(app: Flask, service: Service) -> None:
-    @app.post("/v1/uploads")
-    def upload() -> Response:
-        body = _raw_body()
-        return jsonify(handlers.upload(service, request.headers.get, request.content_type,
-                                       body, g))  # fmt: skip
-
     @app.get("/v1/weights")
     def weights() -> Response:
         return weights_response(service.runner, request.args.get("version"))
@@ -125,22 +111,26 @@ def _info_routes(app: Flask, service: Service) -> None:
     def health() -> Response:
         service.runner.refresh()
         version = service.runner.version
-        return jsonify({
-            "status": "ok",
-            "policy_version": version,
-            "acting_at_random": version is None,
-            "refused_checkpoint": service.runner.refused,
-            "open_episodes": len(service.episodes),
-            "queue_depth": service.writer.backlog,
-        })  # fmt: skip
+        return jsonify(
+            {
+                "status": "ok",
+                "policy_version": version,
+                "acting_at_random": version is None,
+                "refused_checkpoint": service.runner.refused,
+                "open_episodes": len(service.episodes),
+                "queue_depth": service.writer.backlog,
+            }
+        )
 
     @app.get("/v1/spaces")
     def spaces_document() -> Response:
-        return jsonify({
-            "observation_space": spaces.space_to_json(service.observation_space),
-            "action_space": spaces.space_to_json(service.action_space),
-            "env_id": service.env_id,
-        })  # fmt: skip
+        return jsonify(
+            {
+                "observation_space": spaces.space_to_json(service.observation_space),
+                "action_space": spaces.space_to_json(service.action_space),
+                "env_id": service.env_id,
+            }
+        )
 
     @app.get("/v1/metrics")
     def metrics() -> Response:
