@@ -125,6 +125,9 @@ class Stepper:
         actions, logp, version = self._actions(steps, done.acting)
         service.write_rows(done.columns, done.summaries)
         recorder.commit(steps, done, actions, logp, version)
+        for request in requests:
+            for episode, multiagent in zip(request.steps.touched, request.forms, strict=True):
+                episode.multiagent = multiagent
         row_actions: list[Any] = [None] * len(steps)
         row_logp: list[float | None] = [None] * len(steps)
         for n, i in enumerate(done.acting):

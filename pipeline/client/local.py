@@ -164,6 +164,7 @@ class LocalInference:
         actions, logp, version = self._actions(steps, done.acting)
         self.rows.add(done)
         recorder.commit(steps, done, actions, logp, version)
+        steps.touched[0].multiagent = multiagent
         if action is not None:
             return None
         chosen = {steps.agent_ids[i]: a for i, a in zip(done.acting, actions, strict=True)}

@@ -89,18 +89,17 @@ class Episode:
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def check_form(self, multiagent: bool) -> None:
-        """An episode is single-agent or multi-agent from its first step on, not both.
+        """An episode is single-agent or multi-agent from its first step on, not both (the
+        caller sets :attr:`multiagent` once that step is safe: a refused one fixes nothing).
 
         Raises:
             SchemaError: naming the field the episode's form takes.
         """
-        if self.multiagent is None:
-            self.multiagent = multiagent
-        elif self.multiagent != multiagent:
+        if self.multiagent is not None and self.multiagent != multiagent:
             want, got = ("observations", "observation")[:: 1 if self.multiagent else -1]
             form = "multi" if self.multiagent else "single"
             raise SchemaError.single(
-                want, f"'{want}': episode '{self.episode_id}' is {form}-agent", f"'{got}'"
+                got, f"'{want}' (episode '{self.episode_id}' is {form}-agent)", f"'{got}'"
             )
 
     def agent(self, agent_id: str) -> AgentState:
