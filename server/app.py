@@ -135,9 +135,12 @@ def _info_routes(app: Flask, service: Service) -> None:
     @app.get("/v1/metrics")
     def metrics() -> Response:
         text, content_type = service.metrics.render(
-            request.headers.get("Accept", ""), len(service.episodes), service.writer.backlog,
-            service.writer.last_commit_seconds, service.runner.version,
-        )  # fmt: skip
+            request.headers.get("Accept", ""),
+            len(service.episodes),
+            service.writer.backlog,
+            service.writer.last_commit_seconds,
+            service.runner.version,
+        )
         return Response(text, content_type=content_type)
 
     @app.get("/v1/openapi.json")

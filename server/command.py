@@ -25,36 +25,55 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", required=True, type=Path, help="the dataset directory")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--env", help="a gymnasium id whose spaces the dataset takes")
-    source.add_argument("--spaces", type=Path, help="a JSON file with observation_space and "
-                        "action_space (an external simulator's spaces)")  # fmt: skip
-    parser.add_argument("--policy", type=Path, help="a checkpoint, or a directory of them "
-                        "(default: DIR/checkpoints)")  # fmt: skip
+    source.add_argument(
+        "--spaces",
+        type=Path,
+        help="a JSON file with observation_space and action_space (an external simulator's spaces)",
+    )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        help="a checkpoint, or a directory of them (default: DIR/checkpoints)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9900)
     parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on requests")
     parser.add_argument("--threads", type=int, default=8, help="request threads")
-    parser.add_argument("--max-body-bytes", type=int, default=64 * 2**20,
-                        help="larger request bodies get 413")  # fmt: skip
-    parser.add_argument("--idle-timeout", type=float, default=300.0,
-                        help="seconds before an idle episode is closed as truncated")  # fmt: skip
     parser.add_argument(
-        "--sync", choices=("background", "always"), default="background",
+        "--max-body-bytes", type=int, default=64 * 2**20, help="larger request bodies get 413"
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="seconds before an idle episode is closed as truncated",
+    )
+    parser.add_argument(
+        "--sync",
+        choices=("background", "always"),
+        default="background",
         help="when a step is acknowledged. background (default): a 2xx means its rows are "
         "written to the log file, so they survive a crash or kill -9 of the server; the log is "
         "fsynced every 50 ms, so a power cut or kernel crash can lose the last 50 ms of "
         "acknowledged steps. always: a 2xx means the rows are fsynced, so they survive a power "
         "cut too, at 1.5-4 ms more per request",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--commit-age", type=float, default=1.0, metavar="SECONDS",
+        "--commit-age",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
         help="commit a shard at least this often (default 1 s): a trainer following the dataset "
         "sees steps this late at most; longer ages make fewer, larger files",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--policy-poll", type=float, default=0.2, metavar="SECONDS",
+        "--policy-poll",
+        type=float,
+        default=0.2,
+        metavar="SECONDS",
         help="look for a newer checkpoint at most this often (default 0.2 s): how long a "
         "published policy may wait before remote inference and weight pulls see it",
-    )  # fmt: skip
+    )
     parser.set_defaults(command_module=__name__)
 
 
@@ -83,8 +102,9 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         try:
             env = gym.make(args.env)
         except gym.error.Error as error:  # an unknown id, version or namespace
-            raise ConfigError("serve", "--env", "a registered gymnasium id",
-                              f"{args.env} ({error})") from None  # fmt: skip
+            raise ConfigError(
+                "serve", "--env", "a registered gymnasium id", f"{args.env} ({error})"
+            ) from None
         observation_space, action_space = env.observation_space, env.action_space
         env.close()
     elif args.spaces is not None:
@@ -95,13 +115,22 @@ def _config(args: argparse.Namespace) -> ServerConfig:
             observation_space = spaces.space_from_json(doc["observation_space"])
             action_space = spaces.space_from_json(doc["action_space"])
         except (OSError, ValueError, KeyError) as error:
-            raise ConfigError("serve", "--spaces", "a JSON file with observation_space and "
-                              "action_space", f"{args.spaces} ({error!r})") from None  # fmt: skip
+            raise ConfigError(
+                "serve",
+                "--spaces",
+                "a JSON file with observation_space and action_space",
+                f"{args.spaces} ({error!r})",
+            ) from None
         env_id = doc.get("env_id")
     return ServerConfig(
-        data=args.data, observation_space=observation_space, action_space=action_space,
-        env_id=env_id, policy=args.policy, token=args.token,
-        idle_timeout_s=args.idle_timeout, max_body_bytes=args.max_body_bytes,
+        data=args.data,
+        observation_space=observation_space,
+        action_space=action_space,
+        env_id=env_id,
+        policy=args.policy,
+        token=args.token,
+        idle_timeout_s=args.idle_timeout,
+        max_body_bytes=args.max_body_bytes,
         policy_poll_s=args.policy_poll,
         writer=WriterConfig(sync=args.sync, max_age_s=args.commit_age),
-    )  # fmt: skip
+    )

@@ -32,9 +32,9 @@ def batch(space: gym.Space[Any], values: list[Any], names: list[str] | str) -> A
         if isinstance(names, str):
             raise
         problems = error.problems
-    raise ApiError(400, "; ".join(
-        f"field '{p.field}': expected {p.expected}, got {p.got}" for p in problems
-    ))  # fmt: skip
+    raise ApiError(
+        400, "; ".join(f"field '{p.field}': expected {p.expected}, got {p.got}" for p in problems)
+    )
 
 
 def keyed(value: Any, name: str) -> dict[str, Any]:
@@ -81,8 +81,9 @@ def optional_bool(doc: dict[str, Any], key: str, default: bool, name: str | None
 def episode_id_of(value: Any, name: str = "episode_id") -> str:
     """Any string a URL can carry once quoted: '.' and '..' are path steps to HTTP clients."""
     if not isinstance(value, str) or not value or len(value) > 200 or value in (".", ".."):
-        raise bad_request(name, "a non-empty string of at most 200 characters, not '.' or '..'",
-                          repr(value))  # fmt: skip
+        raise bad_request(
+            name, "a non-empty string of at most 200 characters, not '.' or '..'", repr(value)
+        )
     return value
 
 
@@ -95,8 +96,9 @@ def client_id_of(value: Any) -> str | None:
     return value
 
 
-def column(doc: dict[str, Any], key: str, n: int, default: Any,
-            required: bool = False) -> list[Any]:  # fmt: skip
+def column(
+    doc: dict[str, Any], key: str, n: int, default: Any, required: bool = False
+) -> list[Any]:
     value = doc.get(key)
     if value is None and not required:
         return [default] * n

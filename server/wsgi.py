@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -19,20 +20,6 @@ import orjson
 from server import handlers, routes
 from server.errors import error_answer
 from server.service import Service
-
-_REASONS = {
-    200: "OK",
-    201: "Created",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    409: "Conflict",
-    413: "Payload Too Large",
-    415: "Unsupported Media Type",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -75,7 +62,7 @@ class FastPath:
         seconds = time.perf_counter() - started
         self.service.metrics.response(status, counts.steps, found[0].template, seconds)
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-        start_response(f"{status} {_REASONS.get(status, '')}", headers)
+        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
         return [body]
 
     def _incoming(self, environ: dict[str, Any], episode_id: str) -> routes.Incoming:

@@ -95,8 +95,9 @@ class PolicyClient:
         seed: int | None = None,
     ) -> None:
         if inference_mode not in INFERENCE_MODES:
-            raise ConfigError("PolicyClient", "inference_mode", f"one of {INFERENCE_MODES}",
-                              inference_mode)  # fmt: skip
+            raise ConfigError(
+                "PolicyClient", "inference_mode", f"one of {INFERENCE_MODES}", inference_mode
+            )
         self.inference_mode = inference_mode
         self.update_interval = update_interval
         self.client_id = secrets.token_hex(8)
@@ -132,7 +133,7 @@ class PolicyClient:
                 "options": jsonable(options),
                 "client_id": self.client_id,
             }
-            self._http.call("POST", "/v1/episodes", json=body)  # fmt: skip
+            self._http.call("POST", "/v1/episodes", json=body)
             self._remote[episode_id] = RemoteEpisode()
             return episode_id
         self._check_uploads()
@@ -162,8 +163,12 @@ class PolicyClient:
             observation = ids.encode(observation, "observations")
             action = ids.encode(action, "actions") if isinstance(action, Mapping) else action
         if self._local is None:
-            self._remote_step(episode_id, "logged-actions", observation,
-                              {"actions" if multi else "action": jsonable(action)})  # fmt: skip
+            self._remote_step(
+                episode_id,
+                "logged-actions",
+                observation,
+                {"actions" if multi else "action": jsonable(action)},
+            )
             return
         self._check_uploads()
         self._local.step(episode_id, observation, action, multi)
@@ -176,9 +181,12 @@ class PolicyClient:
         multiagent_done_dict: Mapping[str, bool] | None = None,
     ) -> None:
         """Add rewards to the current step (they sum until the next action; none means 0.0)."""
-        if self._local is not None and info is None and multiagent_done_dict is None and (
-            type(reward) in _PLAIN_NUMBERS
-        ):  # fmt: skip
+        if (
+            self._local is not None
+            and info is None
+            and multiagent_done_dict is None
+            and (type(reward) in _PLAIN_NUMBERS)
+        ):
             value = float(reward)  # type: ignore[arg-type]  # a number: checked just above
             if not math.isfinite(value):
                 raise SchemaError.single("reward", "a finite number", repr(reward))
@@ -188,8 +196,11 @@ class PolicyClient:
         ids = self._ids(episode_id) if isinstance(reward, Mapping) or multiagent_done_dict else None
         rewards = dict(reward) if isinstance(reward, Mapping) else {_AGENT: reward}
         _check_rewards(rewards, info)
-        infos = dict(info) if isinstance(reward, Mapping) and isinstance(info, Mapping) else (
-            {} if info is None else {_AGENT: info})  # fmt: skip
+        infos = (
+            dict(info)
+            if isinstance(reward, Mapping) and isinstance(info, Mapping)
+            else ({} if info is None else {_AGENT: info})
+        )
         dones = {k: bool(v) for k, v in (multiagent_done_dict or {}).items() if k != "__all__"}
         if ids is not None:
             if isinstance(reward, Mapping):
@@ -267,8 +278,11 @@ class PolicyClient:
         if self._own_spool is not None and delivered:
             shutil.rmtree(self._own_spool, ignore_errors=True)
         elif self._own_spool is not None:  # kept: it holds what the server does not have yet
-            _log.warning("undelivered steps are kept in %s: pass it as spool_dir to a new "
-                         "PolicyClient to deliver them", self._own_spool)  # fmt: skip
+            _log.warning(
+                "undelivered steps are kept in %s: pass it as spool_dir to a new "
+                "PolicyClient to deliver them",
+                self._own_spool,
+            )
         return delivered
 
     def __enter__(self) -> PolicyClient:
@@ -293,11 +307,15 @@ class PolicyClient:
         try:
             return self._remote[episode_id]
         except KeyError:
-            raise EpisodeError(404, f"episode '{episode_id}' was not started by this client; "
-                                    "call start_episode() first") from None  # fmt: skip
+            raise EpisodeError(
+                404,
+                f"episode '{episode_id}' was not started by this client; "
+                "call start_episode() first",
+            ) from None
 
-    def _remote_step(self, episode_id: str, verb: str, observation: Any,
-                     extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    def _remote_step(
+        self, episode_id: str, verb: str, observation: Any, extra: dict[str, Any]
+    ) -> dict[str, Any]:
         state = self._remote_episode(episode_id)
         body = {**state.body(self._multiagent(observation), jsonable(observation)), **extra}
         # any id, as RLlib's: quoted whole, '/' too, and the server reads it back
@@ -337,8 +355,13 @@ class PolicyClient:
 
     # --- local inference -------------------------------------------------------------------
 
-    def _start_local(self, spool_dir: str | Path | None, upload_rows: int,
-                     upload_interval_s: float, seed: int | None) -> None:  # fmt: skip
+    def _start_local(
+        self,
+        spool_dir: str | Path | None,
+        upload_rows: int,
+        upload_interval_s: float,
+        seed: int | None,
+    ) -> None:
         if spool_dir is None:
             self._own_spool = spool_dir = Path(tempfile.mkdtemp(prefix="rlpipe-spool-"))
         spool = Spool(spool_dir)
@@ -347,19 +370,30 @@ class PolicyClient:
         self._load_spaces(spool.directory / "spaces.json")
         observation_space, action_space, env_id = self._space()
         rows = RowBuffer(observation_space, action_space, upload_rows, self._wake)
-        self._local = LocalInference(observation_space, action_space, env_id, self.client_id,
-                                     np.random.default_rng(seed), rows)  # fmt: skip
+        self._local = LocalInference(
+            observation_space,
+            action_space,
+            env_id,
+            self.client_id,
+            np.random.default_rng(seed),
+            rows,
+        )
         self._try_pull()
-        self._uploader = Uploader(self.client_id, rows, self._send, spool, upload_interval_s,
-                                  self._tick)  # fmt: skip
+        self._uploader = Uploader(
+            self.client_id, rows, self._send, spool, upload_interval_s, self._tick
+        )
 
     def _wake(self) -> None:
         if self._uploader is not None:
             self._uploader.wake()
 
     def _send(self, client_id: str, seq: int, table: str, body: bytes) -> float | None:
-        headers = {"Content-Type": ARROW_TYPE, "X-Rlpipe-Client": client_id,
-                   "X-Rlpipe-Upload": str(seq), "X-Rlpipe-Table": table}  # fmt: skip
+        headers = {
+            "Content-Type": ARROW_TYPE,
+            "X-Rlpipe-Client": client_id,
+            "X-Rlpipe-Upload": str(seq),
+            "X-Rlpipe-Table": table,
+        }
         try:
             self._http.call("POST", "/v1/uploads", patience_s=0, data=body, headers=headers)
         except ServerUnavailable as error:
@@ -416,9 +450,11 @@ _PLAIN_NUMBERS = frozenset({float, int, np.float64, np.float32, np.int64, np.int
 def _check_rewards(rewards: Mapping[str, Any], info: Any) -> None:
     """Refuse at the call what the server would refuse later, when the step is long gone."""
     for agent_id, reward in rewards.items():
-        if isinstance(reward, bool) or not isinstance(reward, int | float | np.number) or (
-            not np.isfinite(reward)
-        ):  # fmt: skip
+        if (
+            isinstance(reward, bool)
+            or not isinstance(reward, int | float | np.number)
+            or (not np.isfinite(reward))
+        ):
             name = "reward" if agent_id == _AGENT else f"reward.{agent_id}"
             raise SchemaError.single(name, "a finite number", repr(reward))
     if info is None:

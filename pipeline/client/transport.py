@@ -36,9 +36,14 @@ ARROW_TYPE = "application/vnd.apache.arrow.stream"
 
 
 _BY_STATUS: dict[int, type[ServerError]] = {
-    400: RequestRejected, 413: RequestRejected, 415: RequestRejected, 401: Unauthorized,
-    404: EpisodeError, 409: EpisodeError, 503: ServerUnavailable,
-}  # fmt: skip
+    400: RequestRejected,
+    413: RequestRejected,
+    415: RequestRejected,
+    401: Unauthorized,
+    404: EpisodeError,
+    409: EpisodeError,
+    503: ServerUnavailable,
+}
 
 
 def base_url(address: str) -> str:
@@ -80,8 +85,9 @@ class Http:
     every request goes through it.
     """
 
-    def __init__(self, address: str, session: requests.Session | None, timeout: float,
-                 token: str | None) -> None:  # fmt: skip
+    def __init__(
+        self, address: str, session: requests.Session | None, timeout: float, token: str | None
+    ) -> None:
         self.url = base_url(address)
         self.session = session
         self.timeout = timeout
@@ -103,9 +109,17 @@ class Http:
         """Close the keep-alive connections of every thread (a later call opens new ones)."""
         _close_all(self._open)
 
-    def call(self, method: str, path: str, patience_s: float | None = None, *,
-             json: Any = None, data: bytes | None = None, params: Mapping[str, Any] | None = None,
-             headers: Mapping[str, str] | None = None) -> Reply:  # fmt: skip
+    def call(
+        self,
+        method: str,
+        path: str,
+        patience_s: float | None = None,
+        *,
+        json: Any = None,
+        data: bytes | None = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
         """One request, retried on no answer and on 503 until ``patience_s`` (default timeout)."""
         deadline = time.monotonic() + (self.timeout if patience_s is None else patience_s)
         sent = {**self.headers, **(headers or {})}
@@ -131,12 +145,12 @@ class Http:
                 raise _error(response)
             return response
 
-    def _send(self, method: str, path: str, body: bytes | None,
-              headers: dict[str, str]) -> Reply:  # fmt: skip
+    def _send(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Reply:
         if self.session is not None:
             try:
-                answer = self.session.request(method, self.url + path, data=body,
-                                              headers=headers, timeout=self.timeout)  # fmt: skip
+                answer = self.session.request(
+                    method, self.url + path, data=body, headers=headers, timeout=self.timeout
+                )
             except (requests.ConnectionError, requests.Timeout) as error:
                 raise _NoAnswer(str(error)) from None
             return Reply(answer.status_code, answer.headers, answer.content, answer.reason)
@@ -204,8 +218,11 @@ def _error(response: Reply) -> ServerError:
 
 
 def parse_spaces(doc: dict[str, Any]) -> tuple[gym.Space[Any], gym.Space[Any], str | None]:
-    return (spaces.space_from_json(doc["observation_space"]),
-            spaces.space_from_json(doc["action_space"]), doc.get("env_id"))  # fmt: skip
+    return (
+        spaces.space_from_json(doc["observation_space"]),
+        spaces.space_from_json(doc["action_space"]),
+        doc.get("env_id"),
+    )
 
 
 def jsonable(value: Any) -> Any:
@@ -290,12 +307,19 @@ class RemoteEpisode:
     def body(self, multiagent: bool, observation: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"request": self.request + 1}
         if multiagent:
-            body.update(observations=observation, rewards=self.rewards,
-                        infos=jsonable(self.infos), dones=self.dones)  # fmt: skip
+            body.update(
+                observations=observation,
+                rewards=self.rewards,
+                infos=jsonable(self.infos),
+                dones=self.dones,
+            )
         else:
             agent = layout.DEFAULT_AGENT_ID
-            body.update(observation=observation, reward=self.rewards.get(agent, 0.0),
-                        info=jsonable(self.infos.get(agent)))  # fmt: skip
+            body.update(
+                observation=observation,
+                reward=self.rewards.get(agent, 0.0),
+                info=jsonable(self.infos.get(agent)),
+            )
         return body
 
     def held(self) -> dict[str, Any] | None:

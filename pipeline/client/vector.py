@@ -60,11 +60,16 @@ def step_many(
     n = len(ids)
     for name, column in (("starts", starts), ("infos", infos)):
         if column is not None and len(column) != n:
-            raise SchemaError.single(name, f"{n} entries (one per episode id)",
-                                     f"{len(column)}")  # fmt: skip
-    rows = _Rows(ids, _observation_rows(observations, n), _rewards(rewards, n),
-                 _flags(terminated, n, "terminated"), _flags(truncated, n, "truncated"),
-                 None if starts is None else list(starts), infos)  # fmt: skip
+            raise SchemaError.single(name, f"{n} entries (one per episode id)", f"{len(column)}")
+    rows = _Rows(
+        ids,
+        _observation_rows(observations, n),
+        _rewards(rewards, n),
+        _flags(terminated, n, "terminated"),
+        _flags(truncated, n, "truncated"),
+        None if starts is None else list(starts),
+        infos,
+    )
     actions = _send(client, rows)
     return [None if action is None else client._decode_one(action) for action in actions]
 
@@ -94,10 +99,13 @@ def _send(client: PolicyClient, rows: _Rows) -> list[Any]:
     states = [registry.get(i) or client._remote_episode(i) for i in rows.ids]
     logged = [state.rewards.get(_AGENT, 0.0) if state.rewards else 0.0 for state in states]
     body: dict[str, Any] = {
-        "episode_ids": rows.ids, "observations": rows.observations,
-        "rewards": rows.rewards + logged, "terminated": rows.terminated,
-        "truncated": rows.truncated, "requests": [state.request + 1 for state in states],
-    }  # fmt: skip
+        "episode_ids": rows.ids,
+        "observations": rows.observations,
+        "rewards": rows.rewards + logged,
+        "terminated": rows.terminated,
+        "truncated": rows.truncated,
+        "requests": [state.request + 1 for state in states],
+    }
     if rows.starts is not None:
         mine = {"client_id": client.client_id}
         body["starts"] = [None if start is None else {**mine, **start} for start in rows.starts]
@@ -134,8 +142,12 @@ def _local(client: PolicyClient, rows: _Rows) -> list[Any]:
         start = None if rows.starts is None else rows.starts[i]
         observation, info = row_of(rows.observations, i), rows.infos and rows.infos[i]
         if start is not None:
-            client.start_episode(episode_id, bool(start.get("training_enabled", True)),
-                                 start.get("seed"), start.get("options"))  # fmt: skip
+            client.start_episode(
+                episode_id,
+                bool(start.get("training_enabled", True)),
+                start.get("seed"),
+                start.get("options"),
+            )
         if rows.rewards[i] != 0.0 or info is not None:
             client.log_returns(episode_id, float(rows.rewards[i]), info)
         if rows.terminated[i] or rows.truncated[i]:
@@ -150,15 +162,15 @@ def _observation_rows(observations: Any, n: int) -> Any:
     """An array of ``n`` rows as it is (the cheap body), anything else as ``n`` single ones."""
     if isinstance(observations, np.ndarray):
         if (len(observations) if observations.ndim else 0) != n:
-            raise SchemaError.single("observations", f"{n} rows (one per episode id)",
-                                     f"shape {observations.shape}")  # fmt: skip
+            raise SchemaError.single(
+                "observations", f"{n} rows (one per episode id)", f"shape {observations.shape}"
+            )
         return observations
     if isinstance(observations, Mapping | tuple):  # a batch of a Dict or Tuple space
         return [row_of(observations, i) for i in range(n)]
     rows = list(observations)
     if len(rows) != n:
-        raise SchemaError.single("observations", f"{n} rows (one per episode id)",
-                                 f"{len(rows)}")  # fmt: skip
+        raise SchemaError.single("observations", f"{n} rows (one per episode id)", f"{len(rows)}")
     return rows
 
 
@@ -200,16 +212,24 @@ class VectorEpisodes:
         training_enabled: recorded with every episode.
     """
 
-    def __init__(self, client: PolicyClient, num_envs: int,
-                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-                 training_enabled: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: PolicyClient,
+        num_envs: int,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        training_enabled: bool = True,
+    ) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ConfigError("VectorEpisodes", "num_envs", "an integer >= 1", num_envs)
         modes = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
         mode = next((m for m in modes if autoreset_mode in (m, m.value)), None)
         if mode is None:
-            raise ConfigError("VectorEpisodes", "autoreset_mode",
-                              "AutoresetMode.NEXT_STEP or SAME_STEP", autoreset_mode)  # fmt: skip
+            raise ConfigError(
+                "VectorEpisodes",
+                "autoreset_mode",
+                "AutoresetMode.NEXT_STEP or SAME_STEP",
+                autoreset_mode,
+            )
         self.client = client
         self.num_envs = num_envs
         self.autoreset_mode = mode
@@ -217,8 +237,12 @@ class VectorEpisodes:
         self.episode_ids: list[str | None] = [None] * num_envs  # None: its episode ended
         self._actions: list[Any] = [None] * num_envs
 
-    def reset(self, observations: Any, seeds: Sequence[int | None] | None = None,
-              options: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
+    def reset(
+        self,
+        observations: Any,
+        seeds: Sequence[int | None] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> Any:
         """Open an episode per sub-env at the observations ``reset`` returned; their actions.
 
         Record the seed each sub-env was reset with (``SyncVectorEnv.reset(seed=s)`` seeds
@@ -230,18 +254,35 @@ class VectorEpisodes:
             raise SchemaError.single("seeds", f"{n} seeds", f"{len(seeds)}")
         ids = [self.client._new_episode_id() for _ in range(n)]
         no = np.zeros(n, bool)
-        rows = _Rows(ids, _observation_rows(observations, n), np.zeros(n), no, no,
-                     [self._start(seed, options) for seed in seeds])  # fmt: skip
+        rows = _Rows(
+            ids,
+            _observation_rows(observations, n),
+            np.zeros(n),
+            no,
+            no,
+            [self._start(seed, options) for seed in seeds],
+        )
         actions = _send(self.client, rows)
         self.episode_ids = list(ids)
         return self._batch(actions)
 
-    def step(self, observations: Any, rewards: Any, terminated: Any, truncated: Any,
-             infos: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
+    def step(
+        self,
+        observations: Any,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+        infos: Mapping[str, Any] | None = None,
+    ) -> Any:
         """Log what the vector env's ``step`` returned; the actions for its next step."""
         n = self.num_envs
-        rows = _Rows([], observations, _rewards(rewards, n), _flags(terminated, n, "terminated"),
-                     _flags(truncated, n, "truncated"))  # fmt: skip
+        rows = _Rows(
+            [],
+            observations,
+            _rewards(rewards, n),
+            _flags(terminated, n, "terminated"),
+            _flags(truncated, n, "truncated"),
+        )
         if self.autoreset_mode is AutoresetMode.SAME_STEP:
             return self._same_step(rows, infos or {})
         fresh = [i for i, episode_id in enumerate(self.episode_ids) if episode_id is None]
@@ -261,8 +302,14 @@ class VectorEpisodes:
             self.episode_ids[i] = None
         return self._batch(actions)
 
-    def close(self, observations: Any, rewards: Any, terminated: Any, truncated: Any,
-              infos: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def close(
+        self,
+        observations: Any,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+        infos: Mapping[str, Any] | None = None,
+    ) -> None:
         """Log the vector env's last step and end every episode there: those the envs ended as
         they say, the others as truncated (the simulator stopped, not the env)."""
         n = self.num_envs
@@ -276,8 +323,16 @@ class VectorEpisodes:
             finals = [row_of(observations, i) for i in open_rows]
         if open_rows:
             ids = [episode_id for episode_id in self.episode_ids if episode_id is not None]
-            _send(self.client, _Rows(ids, _stacked(finals), _rewards(rewards, n)[open_rows],
-                                     terminated[open_rows], ~terminated[open_rows]))  # fmt: skip
+            _send(
+                self.client,
+                _Rows(
+                    ids,
+                    _stacked(finals),
+                    _rewards(rewards, n)[open_rows],
+                    terminated[open_rows],
+                    ~terminated[open_rows],
+                ),
+            )
         self.episode_ids = [None] * n
 
     def _same_step(self, rows: _Rows, infos: Mapping[str, Any]) -> Any:
@@ -293,9 +348,10 @@ class VectorEpisodes:
             [i for i in self.episode_ids if i is not None] + fresh,
             _stacked(batch + [row_of(observations, i) for i in ended]),
             np.concatenate([rows.rewards, np.zeros(len(ended))]),
-            np.concatenate([rows.terminated, extra]), np.concatenate([rows.truncated, extra]),
+            np.concatenate([rows.terminated, extra]),
+            np.concatenate([rows.truncated, extra]),
             [None] * n + [self._start(None, None) for _ in ended],
-        )  # fmt: skip
+        )
         actions = _send(self.client, rows)
         for k, i in enumerate(ended):
             self.episode_ids[i] = fresh[k]
@@ -316,22 +372,29 @@ class VectorEpisodes:
             actions = [self._actions[i] if a is None else a for i, a in enumerate(actions)]
         self._actions = actions
         space = self.client._space()[1]
-        if isinstance(space, gym.spaces.Discrete | gym.spaces.Box | gym.spaces.MultiDiscrete
-                      | gym.spaces.MultiBinary):  # fmt: skip
+        if isinstance(
+            space,
+            gym.spaces.Discrete
+            | gym.spaces.Box
+            | gym.spaces.MultiDiscrete
+            | gym.spaces.MultiBinary,
+        ):
             return np.asarray(actions, dtype=space.dtype)
         values = [self.client._decode_one(action) for action in actions]
         out: Any = gym.vector.utils.create_empty_array(space, self.num_envs)
         return gym.vector.utils.concatenate(space, values, out)
 
 
-def _final_observations(observations: Any, done: np.ndarray,
-                        infos: Mapping[str, Any]) -> list[Any]:  # fmt: skip
+def _final_observations(observations: Any, done: np.ndarray, infos: Mapping[str, Any]) -> list[Any]:
     """Per sub-env, the observation its episode is at: the final one (``infos["final_obs"]``)
     where it ended this step under same-step autoreset, else the one ``step`` returned."""
     final: Any = infos.get("final_obs")
     if done.any() and final is None:
-        raise SchemaError.single("infos", "a 'final_obs' entry for the sub-envs that ended "
-                                 "(same-step autoreset)", f"keys {sorted(infos)}")  # fmt: skip
+        raise SchemaError.single(
+            "infos",
+            "a 'final_obs' entry for the sub-envs that ended (same-step autoreset)",
+            f"keys {sorted(infos)}",
+        )
     return [final[i] if done[i] else row_of(observations, i) for i in range(len(done))]
 
 

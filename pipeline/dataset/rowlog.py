@@ -53,11 +53,19 @@ def fits(table_schema: pa.Schema) -> bool:
 def _fits(kind: pa.DataType) -> bool:
     if pa.types.is_fixed_size_list(kind):
         value = kind.value_type
-        return kind.list_size <= MAX_LIST and (pa.types.is_integer(value) or
-                                               pa.types.is_floating(value))  # fmt: skip
-    return any(test(kind) for test in (pa.types.is_integer, pa.types.is_floating,
-                                       pa.types.is_boolean, pa.types.is_string,
-                                       pa.types.is_timestamp))  # fmt: skip
+        return kind.list_size <= MAX_LIST and (
+            pa.types.is_integer(value) or pa.types.is_floating(value)
+        )
+    return any(
+        test(kind)
+        for test in (
+            pa.types.is_integer,
+            pa.types.is_floating,
+            pa.types.is_boolean,
+            pa.types.is_string,
+            pa.types.is_timestamp,
+        )
+    )
 
 
 CheckedColumns = list[list[Any]]  # an append's checked values, column by column in schema order
@@ -78,14 +86,26 @@ class RowEncoder:
     def __init__(self, table_schema: pa.Schema) -> None:
         self.names = table_schema.names
         self.logged_at = self.names.index("logged_at")
-        self._plan = [(i, field.name, "text" if field.name in _TEXTS else _kind(field.type),
-                       not field.nullable) for i, field in enumerate(table_schema)
-                      if i != self.logged_at]  # fmt: skip
-        self._lists = {i: (_dtype(field.type), field.type.list_size)
-                       for i, field in enumerate(table_schema)
-                       if pa.types.is_fixed_size_list(field.type)}  # fmt: skip
-        self._codes = {i: _STRUCT.get(_dtype(table_schema.field(i).type).str[1:])
-                       for i, _, kind, _ in self._plan if kind in _PACKED}  # fmt: skip
+        self._plan = [
+            (
+                i,
+                field.name,
+                "text" if field.name in _TEXTS else _kind(field.type),
+                not field.nullable,
+            )
+            for i, field in enumerate(table_schema)
+            if i != self.logged_at
+        ]
+        self._lists = {
+            i: (_dtype(field.type), field.type.list_size)
+            for i, field in enumerate(table_schema)
+            if pa.types.is_fixed_size_list(field.type)
+        }
+        self._codes = {
+            i: _STRUCT.get(_dtype(table_schema.field(i).type).str[1:])
+            for i, _, kind, _ in self._plan
+            if kind in _PACKED
+        }
         self._packs = {i for i, code in self._codes.items() if code is not None} | set(self._lists)
 
     def encode(self, given: Mapping[str, Any], now: int) -> tuple[CheckedColumns, bytes]:
@@ -151,8 +171,11 @@ class RowEncoder:
             except ValueError:  # lists of different shapes
                 return None
             dtype, size = self._lists[i]
-            if raw.dtype.kind not in _ACCEPTS[dtype.kind] or raw.shape[:1] != (n,) or (
-                raw.size != n * size):  # fmt: skip
+            if (
+                raw.dtype.kind not in _ACCEPTS[dtype.kind]
+                or raw.shape[:1] != (n,)
+                or (raw.size != n * size)
+            ):
                 return None
             if dtype.kind == "f" and not np.abs(raw).max(initial=0) <= _FLOAT_MAX[dtype.itemsize]:
                 return None  # NaN, infinity, or too large for the dtype
@@ -206,12 +229,21 @@ _FLOAT_MAX = {size: float(np.finfo(f"f{size}").max) for size in (2, 4, 8)}  # by
 _ACCEPTS = {"i": "iu", "u": "iu", "f": "fiu"}  # numpy kinds a list column's items may have
 _PACKED: dict[str, set[type]] = {"int": {int}, "float": {float, int}, "bool": {bool}}
 # a numpy type (after its byte order) as a struct code
-_STRUCT = dict(zip(["i8", "i4", "i2", "i1", "u8", "u4", "u2", "u1", "f8", "f4", "b1"],
-                   "qihbQIHBdf?", strict=True))  # fmt: skip
+_STRUCT = dict(
+    zip(
+        ["i8", "i4", "i2", "i1", "u8", "u4", "u2", "u1", "f8", "f4", "b1"],
+        "qihbQIHBdf?",
+        strict=True,
+    )
+)
 _TEXTS = ("info", "reset_options")  # JSON text: objects are written as text, text must parse
 _NONE = type(None)
-_TYPES: dict[str, set[type]] = {"int": {int, _NONE}, "float": {float, _NONE},
-                                 "bool": {bool, _NONE}, "str": {str, _NONE}}  # fmt: skip
+_TYPES: dict[str, set[type]] = {
+    "int": {int, _NONE},
+    "float": {float, _NONE},
+    "bool": {bool, _NONE},
+    "str": {str, _NONE},
+}
 _MIN, _MAX = -(2**63), 2**63 - 1  # int64
 
 
@@ -266,8 +298,9 @@ class RowSegment(Segment):
 
 def to_batch(table_schema: pa.Schema, columns: CheckedColumns) -> pa.RecordBatch:
     """Checked columns (as :meth:`RowEncoder.encode` makes them) as one batch of the table."""
-    arrays = [_column(field.type, column) for field, column in zip(table_schema, columns,
-                                                                   strict=True)]  # fmt: skip
+    arrays = [
+        _column(field.type, column) for field, column in zip(table_schema, columns, strict=True)
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=table_schema)
 
 
@@ -295,8 +328,9 @@ def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
             raise ValueError(header.get("format"))
         table_schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(header["schema"])))
     except (ValueError, TypeError, KeyError, AttributeError, pa.ArrowInvalid) as error:
-        raise DatasetError(f"{path}: not a row segment this rlpipe reads ({error!r}); it is "
-                           "left in place") from None  # fmt: skip
+        raise DatasetError(
+            f"{path}: not a row segment this rlpipe reads ({error!r}); it is left in place"
+        ) from None
     columns: CheckedColumns = [[] for _ in table_schema]
     for number, line in enumerate(lines[1:-1], 2):  # the piece after the last newline: torn
         try:
@@ -305,8 +339,9 @@ def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
                 kept += column
         except (ValueError, TypeError, KeyError, binascii.Error):
             # a complete line cannot be torn: damage, which must not pass quietly
-            raise DatasetError(f"{path}: line {number} is not a row record; the segment is "
-                               "left in place") from None  # fmt: skip
+            raise DatasetError(
+                f"{path}: line {number} is not a row record; the segment is left in place"
+            ) from None
     return table_schema, [to_batch(table_schema, columns)] if columns[0] else []
 
 
@@ -316,8 +351,11 @@ def _line_columns(table_schema: pa.Schema, record: Any) -> CheckedColumns:
     columns = []
     for field, entry in zip(table_schema, record["columns"], strict=True):
         if isinstance(entry, list):
-            column = entry if not pa.types.is_fixed_size_list(field.type) else [
-                binascii.a2b_base64(text) for text in entry]  # fmt: skip
+            column = (
+                entry
+                if not pa.types.is_fixed_size_list(field.type)
+                else [binascii.a2b_base64(text) for text in entry]
+            )
         else:
             column = _unpacked(field.type, binascii.a2b_base64(entry), n)
         if len(column) != n:

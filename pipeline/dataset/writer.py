@@ -171,8 +171,10 @@ class DatasetWriter:
         self._lock_fd, wal_dir = claim_log_dir(layout.wal_root(self.root), self.writer_id)
         schemas = {layout.STEPS: step_schema, layout.EPISODES: schema.EPISODE_SCHEMA}
         seqs = {name: itertools.count() for name in schemas}
-        self._tables = {name: _Table(name, table_schema, wal_dir, seqs[name])
-                        for name, table_schema in schemas.items()}  # fmt: skip
+        self._tables = {
+            name: _Table(name, table_schema, wal_dir, seqs[name])
+            for name, table_schema in schemas.items()
+        }
         self._line_tables = {
             name: _Table(name, table_schema, wal_dir, seqs[name], lines=True)
             for name, table_schema in schemas.items()
@@ -350,9 +352,14 @@ class DatasetWriter:
                 if self._failure is None and segment.rows:
                     started = time.perf_counter()
                     write_shard(
-                        self.root, table.name, self.writer_id, segment.seq, date,
-                        segment.batches, self.config.row_group_rows,
-                    )  # fmt: skip
+                        self.root,
+                        table.name,
+                        self.writer_id,
+                        segment.seq,
+                        date,
+                        segment.batches,
+                        self.config.row_group_rows,
+                    )
                     self.shards_committed += 1
                     self.last_commit_seconds = time.perf_counter() - started
                 if self._failure is None:

@@ -62,8 +62,11 @@ def checked_step_batch(
     info = batch.column("info")
     if info.null_count < len(info) and not _json_texts(info):
         return None
-    columns = {"observation": observation_space, "next_observation": observation_space,
-               "action": action_space}  # fmt: skip
+    columns = {
+        "observation": observation_space,
+        "next_observation": observation_space,
+        "action": action_space,
+    }
     for name, space in columns.items():
         if not _fits(space, batch.column(name)):
             return None
@@ -113,8 +116,11 @@ def step_values_fit(
     whose error names the row and field."""
     if not all(columns["episode_id"]) or min(columns["t"]) < 0:  # strings, ints: encoder-checked
         return False
-    spaces = {"observation": observation_space, "next_observation": observation_space,
-              "action": action_space}  # fmt: skip
+    spaces = {
+        "observation": observation_space,
+        "next_observation": observation_space,
+        "action": action_space,
+    }
     return all(_values_fit(space, columns[name]) for name, space in spaces.items())
 
 

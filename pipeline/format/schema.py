@@ -276,8 +276,11 @@ def _convert_json(field: pa.Field, values: Any) -> pa.Array:
     try:
         return pa.array(texts, type=pa.string())
     except UnicodeEncodeError as error:  # a lone surrogate: JSON text carries it, UTF-8 cannot
-        row = next(i for i, text in enumerate(texts) if text is not None and not text.isascii()
-                   and _not_utf8(text))  # fmt: skip
+        row = next(
+            i
+            for i, text in enumerate(texts)
+            if text is not None and not text.isascii() and _not_utf8(text)
+        )
         raise SchemaError.single(field.name, "UTF-8 text", error.reason, row) from None
 
 

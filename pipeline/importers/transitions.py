@@ -202,8 +202,9 @@ def denormalize(actions: np.ndarray, space: gym.Space[Any]) -> np.ndarray:
         ConfigError: when the action space is not a Box with finite bounds.
     """
     if not _bounded_box(space):
-        raise ConfigError("import", "actions_normalized", "a Box action space with finite bounds",
-                          str(space))  # fmt: skip
+        raise ConfigError(
+            "import", "actions_normalized", "a Box action space with finite bounds", str(space)
+        )
     low, high = space.low, space.high
     scaled = low + (np.asarray(actions, np.float64) + 1.0) * (high - low) / 2.0
     return np.clip(scaled, low, high).astype(space.dtype)

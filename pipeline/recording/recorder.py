@@ -262,11 +262,24 @@ def _add(
     terminated: bool,
     truncated: bool,
 ) -> None:
-    done.rows.append((
-        episode.episode_id, agent_id, state.t, pending.observation, pending.action, reward,
-        next_observation, terminated, truncated, pending.action_logp, pending.policy_version,
-        episode.training_enabled, info if info is not None else state.info, episode.client_id,
-    ))  # fmt: skip
+    done.rows.append(
+        (
+            episode.episode_id,
+            agent_id,
+            state.t,
+            pending.observation,
+            pending.action,
+            reward,
+            next_observation,
+            terminated,
+            truncated,
+            pending.action_logp,
+            pending.policy_version,
+            episode.training_enabled,
+            info if info is not None else state.info,
+            episode.client_id,
+        )
+    )
     done.advancing.append(state)
 
 

@@ -28,12 +28,12 @@ class _Algorithm(NamedTuple):
 # PPO is on-policy: it learns only from its own versions, so online only, and from larger batches.
 # MARWIL's returns need whole episodes, not a replay buffer of live rows: offline only.
 _ALGORITHMS = {
-    "ppo": _Algorithm("PPO", online=True, offline=False, batch_size=2048),
-    "sac": _Algorithm("SAC", online=True, offline=True, batch_size=256),
-    "bc": _Algorithm("BC", online=True, offline=True, batch_size=256),
-    "marwil": _Algorithm("MARWIL", online=False, offline=True, batch_size=256),
-    "cql": _Algorithm("CQL", online=True, offline=True, batch_size=256),
-}
+    "ppo":    _Algorithm("PPO",    online=True,  offline=False, batch_size=2048),
+    "sac":    _Algorithm("SAC",    online=True,  offline=True,  batch_size=256),
+    "bc":     _Algorithm("BC",     online=True,  offline=True,  batch_size=256),
+    "marwil": _Algorithm("MARWIL", online=False, offline=True,  batch_size=256),
+    "cql":    _Algorithm("CQL",    online=True,  offline=True,  batch_size=256),
+}  # fmt: skip
 ALGORITHMS = tuple(_ALGORITHMS)
 ONLINE = tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.online)
 OFFLINE = tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.offline)
