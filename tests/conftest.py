@@ -18,31 +18,73 @@ import pytest
 
 from pipeline import DatasetWriter, WriterConfig
 
+STEP_KEYS = (
+    "episode_id",
+    "t",
+    "observation",
+    "action",
+    "reward",
+    "next_observation",
+    "terminated",
+    "truncated",
+)
+
+
+def play(
+    env: gym.Env[Any, Any],
+    policy: Callable[[Any], Any],
+    episode_id: str,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
+    max_steps: int | None = None,
+) -> dict[str, list[Any]]:
+    """One episode of ``env`` played by ``policy`` (observation -> action), as step-table
+    columns. The episode is cut after ``max_steps``, its last row then marked truncated: the
+    one way every test makes its episodes, whatever the env or the policy."""
+    columns: dict[str, list[Any]] = {key: [] for key in STEP_KEYS}
+    observation, _ = env.reset(seed=seed, options=options)
+    terminated = truncated = False
+    while not (terminated or truncated):
+        t = len(columns["t"])
+        action = policy(observation)
+        next_observation, reward, terminated, truncated, _ = env.step(action)
+        truncated = truncated or (max_steps is not None and t + 1 >= max_steps and not terminated)
+        row = (
+            episode_id,
+            t,
+            observation,
+            action,
+            float(reward),
+            next_observation,
+            terminated,
+            truncated,
+        )
+        for key, value in zip(STEP_KEYS, row, strict=True):
+            columns[key].append(value)
+        observation = next_observation
+    return columns
+
 
 def cartpole_rollout(steps: int, seed: int = 0, client_id: str = "c0") -> dict[str, Any]:
-    """Real CartPole transitions from a random policy, as step-table columns."""
+    """Real CartPole transitions from a random policy, as step-table columns: ``steps`` rows,
+    the last episode cut where they end."""
     env = gym.make("CartPole-v1")
     rng = np.random.default_rng(seed)
-    columns: dict[str, list[Any]] = {
-        key: []
-        for key in (
-            "episode_id", "t", "observation", "action", "reward", "next_observation",
-            "terminated", "truncated",
+    columns: dict[str, list[Any]] = {key: [] for key in STEP_KEYS}
+    episode = 0
+    while len(columns["t"]) < steps:
+        left = steps - len(columns["t"])
+        first = seed if episode == 0 else None
+        rows = play(
+            env,
+            lambda _: int(rng.integers(2)),
+            f"{client_id}-{seed}-{episode}",
+            first,
+            max_steps=None,
         )
-    }  # fmt: skip
-    observation, _ = env.reset(seed=seed)
-    episode, t = 0, 0
-    for _ in range(steps):
-        action = int(rng.integers(2))
-        next_observation, reward, terminated, truncated, _ = env.step(action)
-        row = (f"{client_id}-{seed}-{episode}", t, observation, action, float(reward),
-               next_observation, terminated, truncated)  # fmt: skip
-        for key, value in zip(columns, row, strict=True):
-            columns[key].append(value)
-        observation, t = next_observation, t + 1
-        if terminated or truncated:
-            observation, _ = env.reset()
-            episode, t = episode + 1, 0
+        for key in STEP_KEYS:
+            columns[key] += rows[key][:left]
+        episode += 1
     env.close()
     out: dict[str, Any] = {key: np.asarray(value) for key, value in columns.items()}
     out["client_id"] = np.full(steps, client_id)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
+from conftest import play
 
 from pipeline import InputReader, read_manifest
 from pipeline.commands.cli import main
@@ -24,24 +25,22 @@ h5py = pytest.importorskip("h5py")
 
 
 def rollouts(episodes: int = 3, seed: int = 0) -> list[dict[str, Any]]:
-    """Real CartPole episodes from a random policy, with their known returns and end flags."""
+    """Real CartPole episodes from a random policy, with their known returns and end flags, in
+    the layout of a table of episodes (N + 1 observations)."""
     env = gym.make("CartPole-v1")
     rng = np.random.default_rng(seed)
     out = []
     for index in range(episodes):
-        observation, _ = env.reset(seed=seed + index)
-        record: dict[str, list[Any]] = {k: [] for k in ("obs", "act", "rew", "term", "trunc")}
-        record["obs"].append(observation)
-        while True:
-            action = int(rng.integers(2))
-            observation, reward, terminated, truncated, _ = env.step(action)
-            for key, value in zip(("act", "rew", "term", "trunc"), (action, reward, terminated,
-                                  truncated), strict=True):  # fmt: skip
-                record[key].append(value)
-            record["obs"].append(observation)
-            if terminated or truncated:
-                break
-        out.append({key: np.asarray(value) for key, value in record.items()})
+        rows = play(env, lambda _: int(rng.integers(2)), f"e{index}", seed + index)
+        out.append(
+            {
+                "obs": np.asarray([*rows["observation"], rows["next_observation"][-1]]),
+                "act": np.asarray(rows["action"]),
+                "rew": np.asarray(rows["reward"]),
+                "term": np.asarray(rows["terminated"]),
+                "trunc": np.asarray(rows["truncated"]),
+            }
+        )
     env.close()
     return out
 
@@ -50,15 +49,17 @@ def frame(episodes: list[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for index, episode in enumerate(episodes):
         for t in range(len(episode["act"])):
-            rows.append({
-                "episode_id": f"e{index}",
-                "observation": episode["obs"][t].tolist(),
-                "action": int(episode["act"][t]),
-                "reward": float(episode["rew"][t]),
-                "next_observation": episode["obs"][t + 1].tolist(),
-                "terminated": bool(episode["term"][t]),
-                "truncated": bool(episode["trunc"][t]),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "episode_id": f"e{index}",
+                    "observation": episode["obs"][t].tolist(),
+                    "action": int(episode["act"][t]),
+                    "reward": float(episode["rew"][t]),
+                    "next_observation": episode["obs"][t + 1].tolist(),
+                    "terminated": bool(episode["term"][t]),
+                    "truncated": bool(episode["trunc"][t]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -110,8 +111,10 @@ def test_parquet_with_list_columns_and_a_done_flag(tmp_path: Path) -> None:
 
 def test_table_without_required_columns_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=re.escape("DataFrame: missing columns ['reward', 'ne")):
-        import_dataframe(pd.DataFrame({"episode_id": ["a"], "observation": [[0.0]],
-                                       "action": [0]}), tmp_path / "ds")  # fmt: skip
+        import_dataframe(
+            pd.DataFrame({"episode_id": ["a"], "observation": [[0.0]], "action": [0]}),
+            tmp_path / "ds",
+        )
 
 
 def write_minari(root: Path, episodes: list[dict[str, Any]], env_id: str = "CartPole-v1") -> Path:
@@ -156,8 +159,15 @@ def test_minari_dataset_of_an_env_not_installed_here(tmp_path: Path) -> None:
 
 
 def test_an_empty_table_is_refused(tmp_path: Path) -> None:
-    empty = pd.DataFrame({"episode_id": pd.Series([], dtype=str), "observation": [],
-                          "action": [], "reward": [], "next_observation": []})  # fmt: skip
+    empty = pd.DataFrame(
+        {
+            "episode_id": pd.Series([], dtype=str),
+            "observation": [],
+            "action": [],
+            "reward": [],
+            "next_observation": [],
+        }
+    )
     with pytest.raises(DatasetError, match="the source holds no steps; nothing to import"):
         import_dataframe(empty, tmp_path / "ds")
 
@@ -176,8 +186,12 @@ def test_d4rl_hdf5(tmp_path: Path) -> None:
     episodes = rollouts()
     src = tmp_path / "cartpole.hdf5"
     with h5py.File(src, "w") as handle:
-        for name, key in (("actions", "act"), ("rewards", "rew"), ("terminals", "term"),
-                          ("timeouts", "trunc")):  # fmt: skip
+        for name, key in (
+            ("actions", "act"),
+            ("rewards", "rew"),
+            ("terminals", "term"),
+            ("timeouts", "trunc"),
+        ):
             handle.create_dataset(name, data=np.concatenate([e[key] for e in episodes]))
         handle.create_dataset(
             "observations", data=np.concatenate([e["obs"][:-1] for e in episodes])
@@ -200,8 +214,10 @@ def test_d4rl_timeouts_are_truncations(tmp_path: Path) -> None:
         handle.create_dataset("timeouts", data=np.array([0, 0, 0, 1]))
     assert main(["import", "d4rl", str(src), str(tmp_path / "ds")]) == 0
     table = ds.dataset(tmp_path / "ds/episodes", format="parquet", partitioning="hive").to_table()
-    rows = sorted(table.select(["episode_id", "length", "end_reason"]).to_pylist(),
-                  key=lambda row: row["episode_id"])  # fmt: skip
+    rows = sorted(
+        table.select(["episode_id", "length", "end_reason"]).to_pylist(),
+        key=lambda row: row["episode_id"],
+    )
     assert rows == [
         {"episode_id": "0", "length": 2, "end_reason": "terminated"},
         {"episode_id": "1", "length": 2, "end_reason": "truncated"},

@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import play
 from PIL import Image
 
 from pipeline import DatasetWriter, InputReader
@@ -36,28 +37,28 @@ def record(
         for index, (seed, options) in enumerate(EPISODES):
             episode_id = f"ep{index}"
             started = datetime.now(UTC)
-            observation, _ = env.reset(seed=seed, options=options)
-            columns: dict[str, list[Any]] = {key: [] for key in (
-                "episode_id", "t", "observation", "action", "reward", "next_observation",
-                "terminated", "truncated")}  # fmt: skip
-            t, terminated, truncated = 0, False, False
-            while not (terminated or truncated):
-                action = int(rng.integers(2))
-                next_observation, reward, terminated, truncated, _ = env.step(action)
-                row = (episode_id, t, observation, action, reward, next_observation, terminated,
-                       truncated)  # fmt: skip
-                for key, value in zip(columns, row, strict=True):
-                    columns[key].append(value)
-                observation, t = next_observation, t + 1
+            columns = play(env, lambda _: int(rng.integers(2)), episode_id, seed, options)
+            t, terminated = len(columns["t"]), columns["terminated"][-1]
             if tamper is not None:
                 tamper(episode_id, columns)
             writer.append(columns)
-            writer.append_episodes(rows_to_columns([{
-                "episode_id": episode_id, "started_at": started, "ended_at": datetime.now(UTC),
-                "length": t, "return": math.fsum(columns["reward"]), "env_id": env_id,
-                "seed": seed, "reset_options": options,
-                "end_reason": "terminated" if terminated else "truncated",
-            }]))  # fmt: skip
+            writer.append_episodes(
+                rows_to_columns(
+                    [
+                        {
+                            "episode_id": episode_id,
+                            "started_at": started,
+                            "ended_at": datetime.now(UTC),
+                            "length": t,
+                            "return": math.fsum(columns["reward"]),
+                            "env_id": env_id,
+                            "seed": seed,
+                            "reset_options": options,
+                            "end_reason": "terminated" if terminated else "truncated",
+                        }
+                    ]
+                )
+            )
             ids.append(episode_id)
     env.close()
     return ids

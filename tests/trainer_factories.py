@@ -7,10 +7,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from conftest import play
 
 from pipeline import DatasetWriter, InputReader
 from pipeline.dataset.batch import Batch
-from pipeline.format.schema import rows_to_columns
 
 
 def balance(observation: np.ndarray) -> int:
@@ -21,27 +21,26 @@ def balance(observation: np.ndarray) -> int:
 def scripted_cartpole(path: Path, steps: int, epsilon: float, seed: int = 0) -> Path:
     """CartPole rows from the scripted controller, taking a random action with prob. epsilon.
 
-    Episodes are cut at 200 steps by gymnasium's TimeLimit, so the data holds truncations.
+    Episodes are cut at 200 steps by gymnasium's TimeLimit, so the data holds truncations; the
+    last one is cut where ``steps`` ends, and ends truncated too.
     """
     env = gym.make("CartPole-v1", max_episode_steps=200)
     rng = np.random.default_rng(seed)
-    rows: list[dict[str, Any]] = []
-    observation, _ = env.reset(seed=seed)
-    episode, t = 0, 0
-    for _ in range(steps):
-        action = int(rng.integers(2)) if rng.random() < epsilon else balance(observation)
-        next_observation, reward, terminated, truncated, _ = env.step(action)
-        rows.append({"episode_id": f"e{episode}", "t": t, "observation": observation,
-                     "action": action, "reward": float(reward),
-                     "next_observation": next_observation, "terminated": terminated,
-                     "truncated": truncated})  # fmt: skip
-        observation, t = next_observation, t + 1
-        if terminated or truncated or len(rows) == steps:
-            rows[-1]["truncated"] = rows[-1]["truncated"] or not terminated
-            observation, _ = env.reset()
-            episode, t = episode + 1, 0
+
+    def policy(observation: np.ndarray) -> int:
+        return int(rng.integers(2)) if rng.random() < epsilon else balance(observation)
+
+    columns: dict[str, list[Any]] = {}
+    while len(columns.get("t", ())) < steps:
+        left = steps - len(columns.get("t", ()))
+        first = seed if not columns else None
+        episode = play(
+            env, policy, f"e{len(set(columns.get('episode_id', ())))}", first, max_steps=left
+        )
+        for key, values in episode.items():
+            columns.setdefault(key, []).extend(values)
     with DatasetWriter(path, env.observation_space, env.action_space, env_id="CartPole-v1") as w:
-        w.append(rows_to_columns(rows))
+        w.append(columns)
     env.close()
     return path
 
@@ -72,12 +71,18 @@ def bandit(
             actions = np.clip(s + 0.1 * rng.standard_normal((steps, 1)), -1, 1).astype(np.float32)
         rewards = -((actions - s) ** 2)[:, 0].astype(np.float64)
     with DatasetWriter(path, observation_space, action_space) as writer:
-        writer.append({
-            "episode_id": [f"e{i}" for i in range(steps)], "t": np.zeros(steps, np.int64),
-            "observation": s, "action": actions, "reward": rewards,
-            "next_observation": s, "terminated": np.ones(steps, bool),
-            "truncated": np.zeros(steps, bool),
-        })  # fmt: skip
+        writer.append(
+            {
+                "episode_id": [f"e{i}" for i in range(steps)],
+                "t": np.zeros(steps, np.int64),
+                "observation": s,
+                "action": actions,
+                "reward": rewards,
+                "next_observation": s,
+                "terminated": np.ones(steps, bool),
+                "truncated": np.zeros(steps, bool),
+            }
+        )
         if untrained:
             writer.append(_worst_bandit_rows(untrained, discrete, rng))
     return path
@@ -116,31 +121,23 @@ def logged_play(path: Path, env_id: str, episodes: int, seed: int = 0) -> Path:
     env = gym.make(env_id)
     with DatasetWriter(path, env.observation_space, env.action_space) as writer:
         for episode in range(episodes):
-            observation, _ = env.reset(seed=seed * 1000 + episode)
             env.action_space.seed(seed * 1000 + episode)
-            rows: list[dict[str, Any]] = []
-            for t in range(50):
-                action = env.action_space.sample()
-                next_observation, reward, terminated, truncated, _ = env.step(action)
-                rows.append(
-                    {
-                        "episode_id": f"e{episode}",
-                        "t": t,
-                        "observation": observation,
-                        "action": action,
-                        "reward": float(reward),
-                        "next_observation": next_observation,
-                        "terminated": terminated,
-                        "truncated": truncated or (t == 49 and not terminated),
-                        "action_logp": -0.7,
-                        "policy_version": 1,
-                        "training_enabled": episode % 2 == 0,
-                    }
-                )
-                observation = next_observation
-                if terminated or truncated:
-                    break
-            writer.append(rows_to_columns(rows))
+            columns = play(
+                env,
+                lambda _: env.action_space.sample(),
+                f"e{episode}",
+                seed * 1000 + episode,
+                max_steps=50,
+            )
+            n = len(columns["t"])
+            writer.append(
+                {
+                    **columns,
+                    "action_logp": [-0.7] * n,
+                    "policy_version": [1] * n,
+                    "training_enabled": [episode % 2 == 0] * n,
+                }
+            )
     env.close()
     return path
 
@@ -164,6 +161,7 @@ def rllib_cartpole(source: Path, path: Path) -> Path:
     from pipeline.importers.rllib import read_ray_data
     from pipeline.importers.transitions import write_dataset
 
-    write_dataset(read_ray_data(source, "parquet"), path, env_id="CartPole-v1",
-                  max_episode_steps=200)  # fmt: skip
+    write_dataset(
+        read_ray_data(source, "parquet"), path, env_id="CartPole-v1", max_episode_steps=200
+    )
     return path
