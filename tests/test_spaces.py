@@ -16,7 +16,6 @@ from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Te
 
 from pipeline.errors import SchemaError, SpaceError
 from pipeline.format.codec import (
-    float_box_column,
     float_box_rows,
     from_arrow,
     sample_batch,
@@ -432,7 +431,7 @@ def test_float_box_fast_check_agrees_with_to_arrow_rows() -> None:
     good = [[0.5, 2.0], [1, 0]]  # bounds are not enforced; ints cast
     batch = float_box_rows(box, good)
     assert batch is not None and batch.dtype == np.float32 and batch.shape == (2, 2)
-    assert float_box_column(box, good) == to_arrow_rows(box, good)
+    assert batch.tolist() == to_arrow_rows(box, good).to_pylist()
     for bad in ([[np.nan, 0.0]], [[0.0]], [["a", "b"]], [[0.0, 1.0], [0.0]]):
         assert float_box_rows(box, bad) is None  # the full check then names the problem
     assert float_box_rows(Discrete(3), [1, 2]) is None

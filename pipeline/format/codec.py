@@ -296,12 +296,6 @@ def float_box_rows(space: gym.Space[Any], rows: Sequence[Any]) -> np.ndarray | N
     return cast if np.isfinite(cast).all() else None
 
 
-def float_box_column(space: gym.Space[Any], rows: Sequence[Any]) -> pa.Array | None:
-    """:func:`float_box_rows` as the column :func:`to_arrow_rows` would make, or None."""
-    batch = float_box_rows(space, rows)
-    return None if batch is None else _leaf_array(batch, space)
-
-
 def _leaf_array(array: np.ndarray, space: Any) -> pa.Array:
     arrow = space_to_arrow(space)
     if not pa.types.is_fixed_size_list(arrow):

@@ -40,7 +40,6 @@ META_OBSERVATION_SPACE = b"rlpipe.observation_space"
 META_ACTION_SPACE = b"rlpipe.action_space"
 META_TABLE = b"rlpipe.table"
 
-_SHARD_RE = re.compile(r"^part-(?P<writer>[A-Za-z0-9]+)-(?P<seq>\d{8})\.parquet$")
 _SEGMENT_RE = re.compile(r"^(?P<table>[a-z]+)-(?P<seq>\d{8})\.(?P<kind>arrows|rows)$")
 
 
@@ -50,12 +49,6 @@ def shard_name(writer_id: str, seq: int) -> str:
 
 def partition_dir(root: str, table: str, date: str) -> str:
     return f"{root}/{table}/{PARTITION_KEY}={date}"
-
-
-def parse_shard_name(name: str) -> tuple[str, int] | None:
-    """The (writer id, sequence number) of a committed shard's file name, or None."""
-    match = _SHARD_RE.match(name)
-    return (match["writer"], int(match["seq"])) if match else None
 
 
 def segment_name(table: str, seq: int, rows: bool = False) -> str:
