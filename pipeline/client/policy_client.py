@@ -3,12 +3,13 @@
 Code written against ``ray.rllib.env.policy_client.PolicyClient`` runs with only the import
 changed. Two modes, as in RLlib:
 
-- ``"remote"``: the server picks every action. A step costs one round trip: rewards logged with
-  :meth:`log_returns` ride on the next request instead of making their own.
-- ``"local"``: the client runs the policy itself (numpy, with weights it pulls every
-  ``update_interval`` seconds) and uploads steps in numbered batches from a background thread,
-  spooling them to disk while the server cannot take them, so a server that blinks costs
-  neither waiting nor data (:mod:`pipeline.client.spool` says exactly what survives what).
+- ``"remote"``: the server picks every action (:mod:`pipeline.client.remote`). A step costs
+  one round trip: rewards logged with :meth:`log_returns` ride on the next request.
+- ``"local"``: the client runs the policy itself (:mod:`pipeline.client.local`: numpy, with
+  weights it pulls every ``update_interval`` seconds) and uploads steps in numbered batches
+  from a background thread, spooling them to disk while the server cannot take them, so a
+  server that blinks costs neither waiting nor data (:mod:`pipeline.client.spool` says exactly
+  what survives what).
 
 Importing this module imports neither torch nor Flask.
 """
@@ -27,7 +28,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import gymnasium as gym
 import numpy as np
@@ -35,12 +35,12 @@ import requests
 
 from pipeline.client import vector
 from pipeline.client.local import LocalInference, RowBuffer
+from pipeline.client.remote import RemoteInference
 from pipeline.client.spool import Spool, Uploader
 from pipeline.client.transport import (
     ARROW_TYPE,
     AgentIds,
     Http,
-    RemoteEpisode,
     jsonable,
     parse_spaces,
 )
@@ -48,7 +48,6 @@ from pipeline.errors import (
     ConfigError,
     EpisodeError,
     SchemaError,
-    ServerError,
     ServerUnavailable,
 )
 from pipeline.format import layout
@@ -103,7 +102,6 @@ class PolicyClient:
         self.client_id = secrets.token_hex(8)
         self._http = Http(address, session, timeout, token)
         self._spaces: tuple[gym.Space[Any], gym.Space[Any], str | None] | None = None
-        self._remote: dict[str, RemoteEpisode] = {}
         self._agent_ids: dict[str, AgentIds] = {}  # per multi-agent episode, made on first use
         self._episode_numbers = itertools.count()
         self._pulled = 0.0
@@ -111,8 +109,13 @@ class PolicyClient:
         self._local: LocalInference | None = None
         self._own_spool: Path | None = None  # a temporary spool of our own, removed when empty
         self.spool_dir: Path | None = None
+        self._remote: RemoteInference | None = None
+        self._inference: LocalInference | RemoteInference
         if inference_mode == "local":
             self._start_local(spool_dir, upload_rows, upload_interval_s, seed)
+        else:
+            self._remote = RemoteInference(self._http, self.client_id, lambda: self._space()[1])
+            self._inference = self._remote
 
     # --- RLlib's verbs --------------------------------------------------------------------
 
@@ -125,35 +128,20 @@ class PolicyClient:
     ) -> str:
         """Open an episode; ``seed`` and reset ``options`` are recorded so it can be replayed."""
         episode_id = episode_id or self._new_episode_id()
-        if self._local is None:
-            body = {
-                "episode_id": episode_id,
-                "training_enabled": training_enabled,
-                "seed": seed,
-                "options": jsonable(options),
-                "client_id": self.client_id,
-            }
-            self._http.call("POST", "/v1/episodes", json=body)
-            self._remote[episode_id] = RemoteEpisode()
-            return episode_id
         self._check_uploads()
-        self._local.start(episode_id, training_enabled, seed, options)
+        self._inference.start(episode_id, training_enabled, seed, options)
         return episode_id
 
     def get_action(self, episode_id: str, observation: Any) -> Any:
         """The action for ``observation`` (a dict keyed by agent id for multi-agent envs; ids
         are strings or integers, and the actions come back keyed by the same ids)."""
         multi = self._multiagent(observation)
-        if multi:
-            ids = self._ids(episode_id)
+        ids = self._ids(episode_id) if multi else None
+        if ids is not None:
             observation = ids.encode(observation, "observations")
-        if self._local is None:
-            answer = self._remote_step(episode_id, "actions", observation, {})
-            actions = self._decode(answer)
-        else:
-            self._check_uploads()
-            actions = self._local.step(episode_id, observation, None, multi)
-        return ids.decode(actions) if multi else actions
+        self._check_uploads()
+        actions = self._inference.step(episode_id, observation, None, multi)
+        return actions if ids is None else ids.decode(actions)
 
     def log_action(self, episode_id: str, observation: Any, action: Any) -> None:
         """Record an action the simulator chose itself (off-policy data)."""
@@ -162,16 +150,8 @@ class PolicyClient:
             ids = self._ids(episode_id)
             observation = ids.encode(observation, "observations")
             action = ids.encode(action, "actions") if isinstance(action, Mapping) else action
-        if self._local is None:
-            self._remote_step(
-                episode_id,
-                "logged-actions",
-                observation,
-                {"actions" if multi else "action": jsonable(action)},
-            )
-            return
         self._check_uploads()
-        self._local.step(episode_id, observation, action, multi)
+        self._inference.step(episode_id, observation, action, multi)
 
     def log_returns(
         self,
@@ -181,17 +161,12 @@ class PolicyClient:
         multiagent_done_dict: Mapping[str, bool] | None = None,
     ) -> None:
         """Add rewards to the current step (they sum until the next action; none means 0.0)."""
-        if (
-            self._local is not None
-            and info is None
-            and multiagent_done_dict is None
-            and (type(reward) in _PLAIN_NUMBERS)
-        ):
+        if info is None and multiagent_done_dict is None and type(reward) in _PLAIN_NUMBERS:
             value = float(reward)  # type: ignore[arg-type]  # a number: checked just above
             if not math.isfinite(value):
                 raise SchemaError.single("reward", "a finite number", repr(reward))
             self._check_uploads()
-            self._local.add_reward(episode_id, value)
+            self._inference.add_reward(episode_id, value)
             return
         ids = self._ids(episode_id) if isinstance(reward, Mapping) or multiagent_done_dict else None
         rewards = dict(reward) if isinstance(reward, Mapping) else {_AGENT: reward}
@@ -206,24 +181,17 @@ class PolicyClient:
             if isinstance(reward, Mapping):
                 rewards, infos = ids.encode(rewards, "reward"), ids.encode(infos, "info")
             dones = ids.encode(dones, "multiagent_done_dict")
-        if self._local is None:
-            self._remote_episode(episode_id).add(rewards, infos, dones)
-            return
         self._check_uploads()
         returns = Returns({k: float(v) for k, v in rewards.items()}, infos, dones)
-        self._local.add_returns(episode_id, returns)
+        self._inference.add_returns(episode_id, returns)
 
     def end_episode(self, episode_id: str, observation: Any, truncated: bool = False) -> None:
         """End the episode at its last observation (``truncated=True`` for a time limit)."""
         multi = self._multiagent(observation)
         if multi:
             observation = self._ids(episode_id).encode(observation, "observations")
-        if self._local is None:
-            self._remote_step(episode_id, "end", observation, {"truncated": truncated})
-            del self._remote[episode_id]
-        else:
-            self._check_uploads()
-            self._local.end(episode_id, observation, truncated, multi)
+        self._check_uploads()
+        self._inference.end(episode_id, observation, truncated, multi)
         self._agent_ids.pop(episode_id, None)
 
     # many episodes' steps in one request, for vectorized simulators; VectorEpisodes drives a
@@ -266,12 +234,11 @@ class PolicyClient:
         Remote mode sends the rewards still held for a next request; local mode closes the
         episodes still open as the server closes abandoned ones, and undelivered batches stay
         in the spool."""
-        if self._uploader is None:
-            delivered = self._send_held()
+        if self._local is None or self._uploader is None:
+            delivered = self._remote.close_all() if self._remote is not None else True
             self._http.close()
             return delivered
-        if self._local is not None:  # as the server closes the episodes a client abandons
-            self._local.close_all()
+        self._local.close_all()  # as the server closes the episodes a client abandons
         delivered = self._uploader.close(timeout_s)
         shutil.rmtree(self._weights_dir, ignore_errors=True)
         self._http.close()
@@ -301,58 +268,6 @@ class PolicyClient:
             ids = self._agent_ids[episode_id] = AgentIds()
         return ids
 
-    # --- remote inference ------------------------------------------------------------------
-
-    def _remote_episode(self, episode_id: str) -> RemoteEpisode:
-        try:
-            return self._remote[episode_id]
-        except KeyError:
-            raise EpisodeError(
-                404,
-                f"episode '{episode_id}' was not started by this client; "
-                "call start_episode() first",
-            ) from None
-
-    def _remote_step(
-        self, episode_id: str, verb: str, observation: Any, extra: dict[str, Any]
-    ) -> dict[str, Any]:
-        state = self._remote_episode(episode_id)
-        body = {**state.body(self._multiagent(observation), jsonable(observation)), **extra}
-        # any id, as RLlib's: quoted whole, '/' too, and the server reads it back
-        path = f"/v1/episodes/{quote(episode_id, safe='')}/{verb}"
-        response = self._http.call("POST", path, json=body)
-        state.sent()
-        answer: dict[str, Any] = response.json()
-        return answer
-
-    def _send_held(self) -> bool:
-        """Rewards logged since an open episode's last request, sent on their own."""
-        for episode_id, state in self._remote.items():
-            body = state.held()
-            if body is None:
-                continue
-            try:
-                self._http.call(
-                    "POST", f"/v1/episodes/{quote(episode_id, safe='')}/returns", json=body
-                )
-            except ServerError as error:
-                _log.warning("rewards of episode '%s' were not delivered: %s", episode_id, error)
-                return False
-            state.rewards, state.infos, state.dones = {}, {}, {}
-        return True
-
-    def _decode(self, answer: dict[str, Any]) -> Any:
-        if "actions" in answer:
-            return {k: self._decode_one(v) for k, v in answer["actions"].items()}
-        return self._decode_one(answer["action"])
-
-    def _decode_one(self, value: Any) -> Any:
-        if isinstance(value, list):
-            action_space = self._space()[1]
-            if isinstance(action_space, gym.spaces.Box):
-                return np.asarray(value, dtype=action_space.dtype)
-        return value
-
     # --- local inference -------------------------------------------------------------------
 
     def _start_local(
@@ -370,7 +285,7 @@ class PolicyClient:
         self._load_spaces(spool.directory / "spaces.json")
         observation_space, action_space, env_id = self._space()
         rows = RowBuffer(observation_space, action_space, upload_rows, self._wake)
-        self._local = LocalInference(
+        self._inference = self._local = LocalInference(
             observation_space,
             action_space,
             env_id,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import http.client
 import json as _json
-import math
 import threading
 import time
 import weakref
@@ -30,7 +29,7 @@ from pipeline.errors import (
     ServerUnavailable,
     Unauthorized,
 )
-from pipeline.format import layout, spaces
+from pipeline.format import spaces
 
 ARROW_TYPE = "application/vnd.apache.arrow.stream"
 
@@ -272,68 +271,3 @@ class AgentIds:
 
     def decode(self, mapping: Mapping[str, Any]) -> dict[Any, Any]:
         return {self._given.get(key, key): value for key, value in mapping.items()}
-
-
-class RemoteEpisode:
-    """What rides on the next request: rewards, infos and done flags logged since the last."""
-
-    def __init__(self) -> None:
-        self.rewards: dict[str, float] = {}
-        self.infos: dict[str, Any] = {}
-        self.dones: dict[str, bool] = {}
-        self.request = 0
-        self.sent_rewards: dict[str, float] = {}  # per agent, a bound on the server's return
-
-    def add(self, rewards: dict[str, Any], infos: dict[str, Any], dones: dict[str, bool]) -> None:
-        """Keep what rides on the next request; a reward that would make a sum non-finite is
-        refused here (the server would refuse the next request instead)."""
-        sums = {}
-        for agent_id, reward in rewards.items():
-            total = self.rewards.get(agent_id, 0.0) + float(reward)
-            if not (
-                math.isfinite(total) and math.isfinite(self.sent_rewards.get(agent_id, 0.0) + total)
-            ):
-                name = "reward" if agent_id == layout.DEFAULT_AGENT_ID else f"rewards.{agent_id}"
-                raise SchemaError.single(
-                    name,
-                    "a reward that keeps the step's reward sum and the return finite",
-                    repr(reward),
-                )
-            sums[agent_id] = total
-        self.rewards.update(sums)
-        self.infos.update(infos)
-        self.dones.update(dones)
-
-    def body(self, multiagent: bool, observation: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"request": self.request + 1}
-        if multiagent:
-            body.update(
-                observations=observation,
-                rewards=self.rewards,
-                infos=jsonable(self.infos),
-                dones=self.dones,
-            )
-        else:
-            agent = layout.DEFAULT_AGENT_ID
-            body.update(
-                observation=observation,
-                reward=self.rewards.get(agent, 0.0),
-                info=jsonable(self.infos.get(agent)),
-            )
-        return body
-
-    def held(self) -> dict[str, Any] | None:
-        """What is held for the next request as a ``returns`` body (None: nothing held)."""
-        if not (self.rewards or self.infos or self.dones):
-            return None
-        agent = layout.DEFAULT_AGENT_ID
-        if not self.dones and set(self.rewards) | set(self.infos) <= {agent}:
-            return {"reward": self.rewards.get(agent, 0.0), "info": jsonable(self.infos.get(agent))}
-        return {"rewards": self.rewards, "infos": jsonable(self.infos), "dones": self.dones}
-
-    def sent(self) -> None:
-        self.request += 1
-        for agent_id, reward in self.rewards.items():
-            self.sent_rewards[agent_id] = self.sent_rewards.get(agent_id, 0.0) + reward
-        if self.rewards or self.infos or self.dones:
-            self.rewards, self.infos, self.dones = {}, {}, {}

@@ -26,7 +26,8 @@ import numpy as np
 import orjson
 from gymnasium.vector import AutoresetMode
 
-from pipeline.client.transport import RemoteEpisode, jsonable
+from pipeline.client.remote import RemoteEpisode, decoded
+from pipeline.client.transport import jsonable
 from pipeline.errors import ConfigError, SchemaError
 from pipeline.format import layout
 from pipeline.recording.batches import row_of
@@ -71,7 +72,8 @@ def step_many(
         infos,
     )
     actions = _send(client, rows)
-    return [None if action is None else client._decode_one(action) for action in actions]
+    space = client._space()[1]
+    return [None if action is None else decoded(space, action) for action in actions]
 
 
 @dataclass
@@ -90,13 +92,14 @@ class _Rows:
 def _send(client: PolicyClient, rows: _Rows) -> list[Any]:
     """The rows as one request (remote), or through the one-episode verbs (local); the actions
     as JSON values (remote) or as the verbs return them (local)."""
-    if client._local is not None:
+    remote = client._remote
+    if remote is None:
         return _local(client, rows)
-    registry = client._remote
+    registry = remote.episodes
     for episode_id, start in zip(rows.ids, rows.starts or (), strict=False):
         if start is not None and episode_id not in registry:
             registry[episode_id] = RemoteEpisode()
-    states = [registry.get(i) or client._remote_episode(i) for i in rows.ids]
+    states = [registry.get(i) or remote.episode(i) for i in rows.ids]
     logged = [state.rewards.get(_AGENT, 0.0) if state.rewards else 0.0 for state in states]
     body: dict[str, Any] = {
         "episode_ids": rows.ids,
@@ -111,7 +114,7 @@ def _send(client: PolicyClient, rows: _Rows) -> list[Any]:
         body["starts"] = [None if start is None else {**mine, **start} for start in rows.starts]
     if rows.infos is not None:
         body["infos"] = [jsonable(info) for info in rows.infos]
-    response = client._http.call("POST", "/v1/actions", data=_encode(body), headers=_JSON)
+    response = remote.http.call("POST", "/v1/actions", data=_encode(body), headers=_JSON)
     actions: list[Any] = orjson.loads(response.content)["actions"]
     for state in states:
         state.sent()
@@ -380,7 +383,7 @@ class VectorEpisodes:
             | gym.spaces.MultiBinary,
         ):
             return np.asarray(actions, dtype=space.dtype)
-        values = [self.client._decode_one(action) for action in actions]
+        values = [decoded(space, action) for action in actions]
         out: Any = gym.vector.utils.create_empty_array(space, self.num_envs)
         return gym.vector.utils.concatenate(space, values, out)
 
