@@ -29,19 +29,7 @@ from pipeline.errors import ConfigError, DatasetError
 from pipeline.format import layout, schema
 from pipeline.format.manifest import read_manifest
 
-DEFAULT_COLUMNS = (
-    "episode_id",
-    "agent_id",
-    "t",
-    "observation",
-    "action",
-    "reward",
-    "next_observation",
-    "terminated",
-    "truncated",
-    "action_logp",
-    "policy_version",
-)
+DEFAULT_COLUMNS = schema.TRANSITION_COLUMNS
 EPISODE_KEYS = ("episode_id", "agent_id", "t", "terminated", "truncated")
 _CAUGHT_UP = None  # marker in the chunk stream: a follow poll found nothing new
 

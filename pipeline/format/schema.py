@@ -27,6 +27,25 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 END_REASONS = ("terminated", "truncated", "closed")
 
 # Columns the caller may leave out, and what they become.
+# the step table's columns, in schema order (step_schema gives their types)
+STEP_COLUMNS = (
+    "episode_id",
+    "agent_id",
+    "t",
+    "observation",
+    "action",
+    "reward",
+    "next_observation",
+    "terminated",
+    "truncated",
+    "action_logp",
+    "policy_version",
+    "training_enabled",
+    "info",
+    "client_id",
+    "logged_at",
+)
+TRANSITION_COLUMNS = STEP_COLUMNS[:11]  # what a transition is: ids, t, values, flags, behaviour
 STEP_DEFAULTS: dict[str, Any] = {
     "agent_id": layout.DEFAULT_AGENT_ID,
     "action_logp": None,

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.format import layout
+from pipeline.format import layout, schema
 from pipeline.recording import batches
 from pipeline.recording.episode import (
     AgentState,
@@ -44,22 +44,7 @@ from pipeline.recording.episode import (
 )
 
 TERMINATED, TRUNCATED, CLOSED = "terminated", "truncated", "closed"
-STEP_COLUMNS = (
-    "episode_id",
-    "agent_id",
-    "t",
-    "observation",
-    "action",
-    "reward",
-    "next_observation",
-    "terminated",
-    "truncated",
-    "action_logp",
-    "policy_version",
-    "training_enabled",
-    "info",
-    "client_id",
-)
+STEP_COLUMNS = schema.STEP_COLUMNS[:-1]  # the rows made here; the writer stamps logged_at
 _EPISODE_ID, _AGENT_ID, _REWARD, _TERMINATED = 0, 1, 5, 7  # positions in STEP_COLUMNS
 
 
