@@ -16,6 +16,7 @@ readers never see the log or a shard still being written.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -77,4 +78,4 @@ def resolve(path: str | Path) -> tuple[pafs.FileSystem, str]:
     if "://" in text:
         filesystem, inner = pafs.FileSystem.from_uri(text)
         return filesystem, inner.rstrip("/")
-    return pafs.LocalFileSystem(), str(Path(text).resolve())
+    return pafs.LocalFileSystem(), os.path.abspath(text)  # links kept: errors name what was given
