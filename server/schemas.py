@@ -15,6 +15,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple
 
+from pipeline.format.schema import REQUIRED_STEP_COLUMNS
+
 
 def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
@@ -277,16 +279,7 @@ def _upload_schemas() -> dict[str, Any]:
         "training_enabled": {"type": "boolean"},
     }
     step = object_schema(
-        [
-            "episode_id",
-            "t",
-            "observation",
-            "action",
-            "reward",
-            "next_observation",
-            "terminated",
-            "truncated",
-        ],
+        list(REQUIRED_STEP_COLUMNS),
         **row,
         observation=ref("Observation"),
         action=ref("Action"),

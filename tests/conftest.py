@@ -17,17 +17,9 @@ import numpy as np
 import pytest
 
 from pipeline import DatasetWriter, WriterConfig
+from pipeline.format import schema
 
-STEP_KEYS = (
-    "episode_id",
-    "t",
-    "observation",
-    "action",
-    "reward",
-    "next_observation",
-    "terminated",
-    "truncated",
-)
+STEP_KEYS = schema.REQUIRED_STEP_COLUMNS  # what every test row holds
 
 
 def play(

@@ -55,6 +55,7 @@ STEP_DEFAULTS: dict[str, Any] = {
     "client_id": "",
     "logged_at": None,  # the writer stamps the time of the append
 }
+REQUIRED_STEP_COLUMNS = tuple(name for name in STEP_COLUMNS if name not in STEP_DEFAULTS)
 
 EPISODE_SCHEMA = pa.schema(
     [
