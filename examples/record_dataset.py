@@ -125,12 +125,19 @@ def record(args: argparse.Namespace, checkpoint: Checkpoint) -> tuple[list[float
                            "client_id": [CLIENT_ID] * length})  # fmt: skip
             returns.append(math.fsum(columns["reward"]))
             steps += length
-            writer.append_episodes({
-                "episode_id": [episode_id], "client_id": [CLIENT_ID], "started_at": [started],
-                "ended_at": [datetime.now(UTC)], "length": [length], "return": [returns[-1]],
-                "env_id": [args.env], "seed": [seed],
-                "end_reason": ["terminated" if terminated else "truncated"],
-            })  # fmt: skip
+            writer.append_episodes(
+                {
+                    "episode_id": [episode_id],
+                    "client_id": [CLIENT_ID],
+                    "started_at": [started],
+                    "ended_at": [datetime.now(UTC)],
+                    "length": [length],
+                    "return": [returns[-1]],
+                    "env_id": [args.env],
+                    "seed": [seed],
+                    "end_reason": ["terminated" if terminated else "truncated"],
+                }
+            )
     env.close()
     return returns, steps
 

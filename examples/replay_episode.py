@@ -51,11 +51,18 @@ def record(writer: DatasetWriter, env: gym.Env[Any, Any], episode_id: str, seed:
             steps[key].append(value)
         observation, t = next_observation, t + 1
     writer.append({"episode_id": [episode_id] * t, **steps})
-    writer.append_episodes({
-        "episode_id": [episode_id], "started_at": [started], "ended_at": [datetime.now(UTC)],
-        "length": [t], "return": [math.fsum(steps["reward"])], "env_id": ["CartPole-v1"],
-        "seed": [seed], "end_reason": ["terminated" if terminated else "truncated"],
-    })  # fmt: skip
+    writer.append_episodes(
+        {
+            "episode_id": [episode_id],
+            "started_at": [started],
+            "ended_at": [datetime.now(UTC)],
+            "length": [t],
+            "return": [math.fsum(steps["reward"])],
+            "env_id": ["CartPole-v1"],
+            "seed": [seed],
+            "end_reason": ["terminated" if terminated else "truncated"],
+        }
+    )
 
 
 def main() -> int:

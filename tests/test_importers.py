@@ -326,9 +326,16 @@ def test_normalized_actions_need_a_bounded_box(tmp_path: Path) -> None:
 def sample_batch(*keys: int, **extra: list[Any]) -> str:
     """One SampleBatch JSON line of one-step episodes with 2-float observations."""
     n = len(keys)
-    batch = {"type": "SampleBatch", "eps_id": list(keys), "obs": [[0.0, 1.0]] * n,
-             "new_obs": [[1.0, 0.0]] * n, "actions": [0] * n, "rewards": [1.0] * n,
-             "dones": [True] * n, **extra}  # fmt: skip
+    batch = {
+        "type": "SampleBatch",
+        "eps_id": list(keys),
+        "obs": [[0.0, 1.0]] * n,
+        "new_obs": [[1.0, 0.0]] * n,
+        "actions": [0] * n,
+        "rewards": [1.0] * n,
+        "dones": [True] * n,
+        **extra,
+    }
     return json.dumps(batch) + "\n"
 
 
@@ -421,8 +428,7 @@ def test_ray_data_files_with_different_columns_name_the_file_and_the_column(
 
     src = tmp_path.resolve() / "out"
     src.mkdir()
-    row = {"eps_id": 1, "obs": [0.0], "new_obs": [1.0], "actions": 0, "rewards": 1.0,
-           "dones": True}  # fmt: skip
+    row = {"eps_id": 1, "obs": [0.0], "new_obs": [1.0], "actions": 0, "rewards": 1.0, "dones": True}
     for name, extra in (("a", {}), ("b", {"action_logp": -0.5, "t": 0})):
         path = src / f"{name}.{file_format}"
         if file_format == "json":

@@ -102,8 +102,16 @@ def test_large_appends_and_ones_with_their_own_clock_take_the_arrow_log(tmp_path
 
 
 def test_a_small_append_with_defaults_is_one_line(tmp_path: Path) -> None:
-    given = ["episode_id", "t", "observation", "action", "reward", "next_observation",
-             "terminated", "truncated"]  # fmt: skip
+    given = [
+        "episode_id",
+        "t",
+        "observation",
+        "action",
+        "reward",
+        "next_observation",
+        "terminated",
+        "truncated",
+    ]
     rows = [{name: row[name] for name in given} for row in _rows(3)]
     with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
         writer.append(schema.rows_to_columns(rows))
@@ -254,8 +262,10 @@ def test_a_nan_beside_a_null_never_reaches_the_log(tmp_path: Path) -> None:
     rows = _rows(3, "bad")
     rows[0]["action_logp"], rows[2]["action_logp"] = None, float("nan")
     with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
-        for append in (lambda: writer.append(schema.rows_to_columns(rows)),
-                       lambda: writer.append(_columns(rows))):  # fmt: skip
+        for append in (
+            lambda: writer.append(schema.rows_to_columns(rows)),
+            lambda: writer.append(_columns(rows)),
+        ):
             with pytest.raises(SchemaError, match="field 'action_logp': expected finite values"):
                 append()
         writer.append(schema.rows_to_columns(_rows(1, "after")))

@@ -117,8 +117,9 @@ def test_rows_a_batch_cannot_be_built_from_stay_and_close_says_so(tmp_path: Path
         delivered.append(table)
         return None
 
-    rows = RowBuffer(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2), 10,
-                     lambda: None)  # fmt: skip
+    rows = RowBuffer(
+        gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2), 10, lambda: None
+    )
     observation = np.zeros(2, np.float32)
     row = ("e", 0, 0, observation, 1, 0.0, observation, True, False, None, None, True, None, "c")
     rows.add(Completion(rows=[row], advancing=[AgentState()]))  # agent_id 0: not a string

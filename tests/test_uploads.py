@@ -164,8 +164,11 @@ def test_sigkill_loses_nothing_acknowledged_and_a_restart_continues(tmp_path: Pa
     try:
         requests.post(url + "/v1/episodes", json={"episode_id": "r"}, timeout=10)
         for n in range(1, 4):
-            requests.post(url + "/v1/episodes/r/actions", timeout=10,
-                          json={"observation": [0.01, -0.02, 0.03, n], "request": n})  # fmt: skip
+            requests.post(
+                url + "/v1/episodes/r/actions",
+                timeout=10,
+                json={"observation": [0.01, -0.02, 0.03, n], "request": n},
+            )
         uploads = threading.Thread(target=upload_until_the_server_dies)
         uploads.start()
         while len(acknowledged) < 5 and uploads.is_alive():

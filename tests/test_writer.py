@@ -279,15 +279,37 @@ def test_config_is_validated(field: str, value: Any, expected: str) -> None:
 def test_episodes_table(tmp_path: Path) -> None:
     now = np.datetime64("2026-11-22T10:00:00", "us")
     with DatasetWriter(tmp_path, *cartpole_spaces(), env_id="CartPole-v1") as writer:
-        writer.append_episodes(rows_to_columns(
-            [{"episode_id": "e1", "started_at": now, "ended_at": now, "length": 12, "return": 12.0,
-              "end_reason": "terminated", "seed": 3, "reset_options": {"low": -0.1}}]
-        ))  # fmt: skip
+        writer.append_episodes(
+            rows_to_columns(
+                [
+                    {
+                        "episode_id": "e1",
+                        "started_at": now,
+                        "ended_at": now,
+                        "length": 12,
+                        "return": 12.0,
+                        "end_reason": "terminated",
+                        "seed": 3,
+                        "reset_options": {"low": -0.1},
+                    }
+                ]
+            )
+        )
         with pytest.raises(SchemaError, match=re.escape("field 'end_reason': expected one of")):
-            writer.append_episodes(rows_to_columns(
-                [{"episode_id": "e2", "started_at": now, "ended_at": now, "length": 1,
-                  "return": 0.0, "end_reason": "done"}]
-            ))  # fmt: skip
+            writer.append_episodes(
+                rows_to_columns(
+                    [
+                        {
+                            "episode_id": "e2",
+                            "started_at": now,
+                            "ended_at": now,
+                            "length": 1,
+                            "return": 0.0,
+                            "end_reason": "done",
+                        }
+                    ]
+                )
+            )
     table = pq.read_table(next(tmp_path.glob("episodes/date=*/*.parquet")))
     assert table.column("episode_id").to_pylist() == ["e1"]
     assert table.column("reset_options").to_pylist() == ['{"low": -0.1}']
