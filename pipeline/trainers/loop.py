@@ -164,6 +164,20 @@ class _Run:
         state.save_state(self.settings.run_dir, self.trainer.state_dict())
         self.saved = time.monotonic()
 
+    def follow(self, **filters: Any) -> InputReader:
+        """The live dataset as it is committed, one batch per look: everything new since the
+        last (``training_enabled`` rows only, unless the run includes the others)."""
+        s = self.settings
+        return InputReader(
+            s.data,
+            batch_size=_ALL_NEW_ROWS,
+            follow=True,
+            timeout_s=s.timeout_s,
+            poll_interval_s=POLL_S,
+            training_enabled=s.training_enabled,
+            **filters,
+        )
+
     def finished(self, score: float | None) -> bool:
         s = self.settings
         return (
@@ -217,16 +231,7 @@ def _online_rollouts(run: _Run, trainer: OnPolicy, entry: dict[str, Any]) -> dic
     little more per gradient step than a small one, so rows the clients made are used, not
     dropped, up to that cap."""
     s = run.settings
-    # one batch per look at the dataset: everything committed since the last one
-    reader = InputReader(
-        s.data,
-        batch_size=_ALL_NEW_ROWS,
-        follow=True,
-        timeout_s=s.timeout_s,
-        poll_interval_s=POLL_S,
-        min_policy_version=run.version,
-        training_enabled=s.training_enabled,
-    )
+    reader = run.follow(min_policy_version=run.version)
     returns = EpisodeReturns(SCORE_EPISODES)
     pending: list[Batch] = []
     rows = env_steps = trained = 0
@@ -324,14 +329,7 @@ def _online_transitions(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
     every PUBLISH_UPDATES updates, so clients act with a recent policy, and evaluated every
     ``eval_every``."""
     s = run.settings
-    reader = InputReader(
-        s.data,
-        batch_size=_ALL_NEW_ROWS,
-        follow=True,
-        timeout_s=s.timeout_s,
-        poll_interval_s=POLL_S,
-        training_enabled=s.training_enabled,
-    )
+    reader = run.follow()
     buffer = ReplayBuffer(seed=s.seed)
     env_steps = since_eval = since_publish = 0
     for batch in reader:
