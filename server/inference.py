@@ -17,11 +17,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from pipeline.dataset.batch import length
 from pipeline.errors import DatasetError
 from pipeline.format import codec
 from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.policy.network import NumpyPolicy, policy_for
-from pipeline.recording import batches
 
 _log = logging.getLogger("rlpipe.server")
 
@@ -84,7 +84,7 @@ class PolicyRunner:
     def act(self, batch: Any) -> tuple[list[Any], list[float | None], int | None]:
         """Actions (JSON-ready), their log-probabilities and the policy version for a batch of
         validated observations (the space's layout: an array for a Box): one forward pass."""
-        n = batches.length(batch)
+        n = length(batch)
         if not n:
             return [], [], self.version
         if (

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.dataset.batch import join
 from pipeline.errors import SchemaError
 from pipeline.recording import batches, recorder
 from pipeline.recording.episode import Episode
@@ -210,7 +211,7 @@ def _join(parts: list[Steps]) -> Steps:
     return Steps(
         episodes=[e for part in parts for e in part.episodes],
         agent_ids=[a for part in parts for a in part.agent_ids],
-        observations=batches.concat([part.observations for part in parts]),
+        observations=join([part.observations for part in parts]),
         rewards=[r for part in parts for r in part.rewards],
         infos=column("infos", None),
         ends={k: v for part in parts for k, v in part.ends.items()},

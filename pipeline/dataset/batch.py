@@ -64,7 +64,7 @@ class Batch:
         for name in _FIELD_NAMES:
             value = getattr(self, name)
             if value is not None:
-                return _length(value)
+                return length(value)
         return 0
 
     def __getitem__(self, index: Any) -> Batch:
@@ -81,12 +81,12 @@ class Batch:
         if len(parts) <= 1:
             return parts[0] if parts else Batch()
         fields = {
-            name: _join([getattr(part, name) for part in parts])
+            name: join([getattr(part, name) for part in parts])
             for name in _FIELD_NAMES
             if all(getattr(part, name) is not None for part in parts)
         }
         shared = [key for key in parts[0].extras if all(key in part.extras for part in parts)]
-        extras = {key: _join([part.extras[key] for part in parts]) for key in shared}
+        extras = {key: join([part.extras[key] for part in parts]) for key in shared}
         return Batch(**fields, extras=extras)
 
     def map(self, function: Any) -> Batch:
@@ -150,11 +150,12 @@ class Batch:
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Batch) if f.name != "extras")
 
 
-def _length(value: Any) -> int:
+def length(value: Any) -> int:
+    """Rows in a field's value: an array, or a dict or tuple of them (Dict and Tuple spaces)."""
     if isinstance(value, Mapping):
-        return _length(next(iter(value.values())))
+        return length(next(iter(value.values())))
     if isinstance(value, tuple):
-        return _length(value[0])
+        return length(value[0])
     return len(value)
 
 
@@ -181,12 +182,13 @@ def _split(value: Any, size: int, starts: range) -> list[Any]:
     return [value[start : start + size] for start in starts]
 
 
-def _join(values: list[Any]) -> Any:
+def join(values: list[Any]) -> Any:
+    """Values of one field (arrays, or dicts and tuples of them) as one, rows in order."""
     first = values[0]
     if isinstance(first, Mapping):
-        return {key: _join([value[key] for value in values]) for key in first}
+        return {key: join([value[key] for value in values]) for key in first}
     if isinstance(first, tuple):
-        return tuple(_join([value[i] for value in values]) for i in range(len(first)))
+        return tuple(join([value[i] for value in values]) for i in range(len(first)))
     if type(first).__module__.partition(".")[0] == "torch":
         import torch  # a batch already on torch (``InputReader(..., device=...)``)
 

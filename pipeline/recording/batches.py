@@ -1,4 +1,4 @@
-"""Batches of a space's values as the step core takes them: checked once, rows taken and joined.
+"""Batches of a space's values as the step core takes them: checked once, rows taken.
 
 A batch has :mod:`pipeline.format.codec`'s layout: an array with the row axis first, and dicts
 and tuples of such arrays for Dict and Tuple spaces. Every observation and logged action a step
@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from pipeline.dataset.batch import length
 from pipeline.errors import Problem, SchemaError
 from pipeline.format import codec
 
@@ -103,20 +104,3 @@ def take(batch: Any, rows: list[int]) -> Any:
     if isinstance(batch, tuple):
         return tuple(take(value, rows) for value in batch)
     return np.asarray(batch)[rows]
-
-
-def concat(batches: list[Any]) -> Any:
-    """Batches of one space as one."""
-    first = batches[0]
-    if isinstance(first, dict):
-        return {key: concat([batch[key] for batch in batches]) for key in first}
-    if isinstance(first, tuple):
-        return tuple(concat([batch[i] for batch in batches]) for i in range(len(first)))
-    return np.concatenate(batches)
-
-
-def length(batch: Any) -> int:
-    """Rows in a batch."""
-    if isinstance(batch, dict | tuple):
-        return length(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
-    return len(batch)
