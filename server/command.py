@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,11 +17,23 @@ from pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
     from server.config import ServerConfig
+    from server.host import Tls
+
+TOKEN_VARIABLE = "RLPIPE_TOKEN"
+_SECRETS = f"""\
+the token: give it in the environment variable {TOKEN_VARIABLE} or in --token-file FILE
+rather than with --token. A command line is visible to every user of the machine
+(ps, /proc/PID/cmdline); a process's environment is readable by its owner alone.
+Across a network, serve HTTPS too (--tls-cert, --tls-key): a bearer token sent over
+plain HTTP can be read by anyone on the way."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "serve", help="run the policy server: simulators connect, steps land in DIR"
+        "serve",
+        help="run the policy server: simulators connect, steps land in DIR",
+        epilog=_SECRETS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--data", required=True, type=Path, help="the dataset directory")
     source = parser.add_mutually_exclusive_group()
@@ -37,7 +50,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9900)
-    parser.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on requests")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token",
+        help="require 'Authorization: Bearer TOKEN' on requests (every user of the machine can "
+        f"read it in the process list: prefer {TOKEN_VARIABLE} or --token-file)",
+    )
+    token.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="the token is the first line of FILE (keep it readable by you alone: chmod 600)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="serve HTTPS (TLS 1.3) with this PEM certificate chain, the server's own first",
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="the PEM private key of --tls-cert"
+    )
     parser.add_argument("--threads", type=int, default=8, help="request threads")
     parser.add_argument(
         "--max-body-bytes", type=int, default=64 * 2**20, help="larger request bodies get 413"
@@ -81,13 +114,67 @@ def run(args: argparse.Namespace) -> int:
     from server.host import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    tls = _tls(args)
     config = _config(args)  # a bad --env or --spaces is refused before anything listens
 
     def announce(url: str) -> None:
         print(f"rlpipe serve: {url}/v1 -> {args.data}", file=sys.stderr, flush=True)
 
-    serve(config, args.host, args.port, args.threads, announce)
+    serve(config, args.host, args.port, args.threads, announce, tls)
     return 0
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The token from --token, --token-file or RLPIPE_TOKEN: one of them, or none.
+
+    The messages name where a token came from, never the token.
+    """
+    variable = os.environ.get(TOKEN_VARIABLE)
+    given = [
+        name
+        for name, value in (("--token", args.token), ("--token-file", args.token_file))
+        if value is not None
+    ]
+    if variable is not None:
+        given.append(TOKEN_VARIABLE)
+    if len(given) > 1:
+        wanted = f"the token from one of --token, --token-file and {TOKEN_VARIABLE}"
+        raise ConfigError("serve", "token", wanted, " and ".join(given))
+    if variable is not None:
+        if not variable.strip():
+            raise ConfigError("serve", TOKEN_VARIABLE, "a token", "an empty value")
+        return variable.strip()
+    if args.token_file is not None:
+        return _read_token(args.token_file)
+    token: str | None = args.token
+    return token
+
+
+def _read_token(path: Path) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        why = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        got = f"{path} ({why})"
+        raise ConfigError("serve", "--token-file", "a readable file with the token", got) from None
+    token = lines[0].strip() if lines else ""
+    if not token:
+        wanted = "a file whose first line is the token"
+        raise ConfigError("serve", "--token-file", wanted, f"{path} (empty first line)")
+    return token
+
+
+def _tls(args: argparse.Namespace) -> Tls | None:
+    """The certificate and key to serve HTTPS with: both, or neither (plain HTTP)."""
+    from server.host import Tls
+
+    if args.tls_cert is None and args.tls_key is None:
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        given = "--tls-cert" if args.tls_key is None else "--tls-key"
+        wanted = "--tls-cert and --tls-key together"
+        raise ConfigError("serve", "--tls-cert/--tls-key", wanted, f"{given} alone")
+    return Tls(args.tls_cert, args.tls_key)  # serve() checks the files before anything listens
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
@@ -128,7 +215,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         action_space=action_space,
         env_id=env_id,
         policy=args.policy,
-        token=args.token,
+        token=_token(args),
         idle_timeout_s=args.idle_timeout,
         max_body_bytes=args.max_body_bytes,
         policy_poll_s=args.policy_poll,

@@ -16,6 +16,11 @@ the worker dies with the supervisor (``PR_SET_PDEATHSIG``), so ``kill -9`` of ``
 stops serving at once, as it would a one-process server; a killed server's log is recovered by
 the next writer on the directory.
 
+With ``tls`` (``rlpipe serve --tls-cert --tls-key``) granian serves HTTPS from the same worker, the
+TLS in Rust too (rustls, TLS 1.3 at least: granian's default). The files are read and checked
+here, before anything binds, so a wrong path or a key that does not match the certificate is
+one line of error rather than a worker that dies.
+
 Two things about granian's worker the code below is built around. It listens only after the app's
 loader has returned (the loader runs first, then the WSGI worker binds and listens), so the loader
 cannot announce the address: a client connecting at once would be refused. And its main thread
@@ -34,10 +39,12 @@ import multiprocessing
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,21 +62,79 @@ _SERVICE: list[Any] = []  # the worker's service, closed when the worker stops
 _STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A certificate chain and its private key, PEM files both, to serve HTTPS with."""
+
+    cert: Path
+    key: Path
+
+    def check(self) -> None:
+        """Refuse files TLS cannot be served with, naming the file and what is wrong.
+
+        Raises:
+            ConfigError: a file is missing or unreadable, is not PEM, the key is encrypted,
+                or the key does not belong to the certificate.
+        """
+        for flag, path, marker, kind in (
+            ("--tls-cert", self.cert, b"-----BEGIN CERTIFICATE-----", "certificate"),
+            ("--tls-key", self.key, b"PRIVATE KEY-----", "private key"),
+        ):
+            try:
+                pem = path.read_bytes()
+            except OSError as error:
+                got = f"{path} ({error.strerror})"
+                raise ConfigError("serve", flag, "a readable PEM file", got) from None
+            if marker not in pem:
+                got = f"{path} (no PEM {kind} in it)"
+                raise ConfigError("serve", flag, f"a PEM file with a {kind}", got)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:  # as granian loads them (its constructor does the same, after binding)
+            context.load_cert_chain(self.cert, self.key, password=_no_password)
+        except _EncryptedKey:
+            got = f"{self.key} (encrypted)"
+            raise ConfigError("serve", "--tls-key", "an unencrypted private key", got) from None
+        except ssl.SSLError as error:
+            raise ConfigError(
+                "serve",
+                "--tls-cert/--tls-key",
+                "a PEM certificate chain and the private key that belongs to it",
+                f"{self.cert}, {self.key} ({error.reason or error})",
+            ) from None
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_password() -> bytes:
+    """OpenSSL would prompt on the terminal for an encrypted key's password: refuse instead."""
+    raise _EncryptedKey
+
+
 def serve(
-    config: ServerConfig, host: str, port: int, threads: int, announce: Callable[[str], None]
+    config: ServerConfig,
+    host: str,
+    port: int,
+    threads: int,
+    announce: Callable[[str], None],
+    tls: Tls | None = None,
 ) -> None:
-    """Serve ``config``'s app on ``host:port`` (0: a free port) until SIGINT or SIGTERM.
+    """Serve ``config``'s app on ``host:port`` (0: a free port) until SIGINT or SIGTERM, over
+    HTTPS with ``tls``.
 
     ``announce(url)`` runs in the worker once the app is built and the port listens, with the
     port the OS picked when ``port`` is 0.
 
     Raises:
-        ConfigError: granian is missing, or the port is taken.
+        ConfigError: granian is missing, the TLS files cannot be used, or the port is taken.
         DatasetError: the dataset cannot be served (checked before anything listens).
         SystemExit: with status 1, when the worker failed (it printed why).
     """
+    if tls is not None:
+        tls.check()
     _check_dataset(config)
-    run_wsgi(partial(_build, config), host, port, threads, announce)
+    run_wsgi(partial(_build, config), host, port, threads, announce, tls)
 
 
 def run_wsgi(
@@ -78,9 +143,10 @@ def run_wsgi(
     port: int,
     threads: int,
     announce: Callable[[str], None] = lambda url: None,
+    tls: Tls | None = None,
 ) -> None:
-    """Serve the WSGI app that ``load()`` builds in the worker, until SIGINT or SIGTERM;
-    ``announce(url)`` runs in the worker once a connection to the app is accepted."""
+    """Serve the WSGI app that ``load()`` builds in the worker, until SIGINT or SIGTERM, over
+    HTTPS with ``tls``; ``announce(url)`` runs in the worker once a connection is accepted."""
     try:
         from granian import Granian
         from granian.constants import Interfaces
@@ -90,7 +156,8 @@ def run_wsgi(
         raise ConfigError("serve", "granian", wanted, "no module 'granian'") from None
     _fork_workers()
     holder = _reserve(host, port)
-    url = f"http://{host}:{holder.getsockname()[1]}"
+    scheme = "http" if tls is None else "https"
+    url = f"{scheme}://{host}:{holder.getsockname()[1]}"
     # log_level "error": granian warns at start when threads exceed 2 per core, which the
     # combining of concurrent steps wants (see server.combiner)
     server = Granian(
@@ -102,6 +169,8 @@ def run_wsgi(
         blocking_threads=threads,
         log_level=LogLevels.error,
         websockets=False,
+        ssl_cert=None if tls is None else tls.cert,
+        ssl_key=None if tls is None else tls.key,
     )
     server.on_startup(holder.close)  # granian has bound the port by then
     worker = partial(_worker, Granian._spawn_wsgi_worker)

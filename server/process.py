@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-_ADDRESS = re.compile(r"http://[\d.]+:\d+")
+_ADDRESS = re.compile(r"https?://[\d.]+:\d+")
 
 
 def start(

@@ -458,3 +458,67 @@ def test_serve_refuses_what_it_cannot_serve(
 
     assert main(["serve", *(a.format(tmp=tmp_path) for a in argv)]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "variable", "message"),
+    [
+        (["--token", "a"], "b", "serve.token: expected the token from one of --token, "
+                                "--token-file and RLPIPE_TOKEN, got '--token and RLPIPE_TOKEN'"),
+        (["--token-file", "{tmp}/token"], "b",
+         "serve.token: expected the token from one of --token, --token-file and RLPIPE_TOKEN, "
+         "got '--token-file and RLPIPE_TOKEN'"),
+        ([], " ", "serve.RLPIPE_TOKEN: expected a token, got 'an empty value'"),
+        (["--token-file", "{tmp}/missing"], None,
+         "serve.--token-file: expected a readable file with the token, got '{tmp}/missing (No "
+         "such file or directory)'"),
+        (["--token-file", "{tmp}/empty"], None,
+         "serve.--token-file: expected a file whose first line is the token, got '{tmp}/empty "
+         "(empty first line)'"),
+        (["--token-file", "{tmp}"], None,
+         "serve.--token-file: expected a readable file with the token, got '{tmp} (Is a "
+         "directory)'"),
+    ],
+)  # fmt: skip
+def test_serve_takes_its_token_from_one_source(
+    tmp_path: Path,
+    argv: list[str],
+    variable: str | None,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--token, --token-file or RLPIPE_TOKEN; two at once, or a file without a token, is
+    refused with the sources named, and never the token."""
+    from pipeline.commands.cli import main
+
+    (tmp_path / "token").write_text("a\n")
+    (tmp_path / "empty").write_text("\nsecond\n")
+    monkeypatch.delenv("RLPIPE_TOKEN", raising=False)
+    if variable is not None:
+        monkeypatch.setenv("RLPIPE_TOKEN", variable)
+    given = [a.format(tmp=tmp_path) for a in argv]
+    assert main(["serve", "--data", str(tmp_path / "ds"), "--env", "CartPole-v1", *given]) == 2
+    assert capsys.readouterr().err == f"rlpipe serve: {message.format(tmp=tmp_path)}\n"
+    assert not (tmp_path / "ds").exists()
+
+
+def test_token_and_token_file_are_one_or_the_other(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.commands.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--data", "ds", "--token", "a", "--token-file", "t"])
+    assert exit_info.value.code == 2
+    assert "argument --token-file: not allowed with argument --token" in capsys.readouterr().err
+
+
+def test_serve_help_says_why_the_token_belongs_in_a_file_or_the_environment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pipeline.commands.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "in the process list: prefer RLPIPE_TOKEN or --token-file" in text
+    assert "A command line is visible to every user of the machine (ps, /proc/PID/cmdline)" in text

@@ -41,6 +41,7 @@ from pipeline.client.transport import (
     ARROW_TYPE,
     AgentIds,
     Http,
+    Verify,
     jsonable,
     parse_spaces,
 )
@@ -63,13 +64,16 @@ class PolicyClient:
     """Connects a simulator to an rlpipe server; RLlib's verbs and meanings.
 
     Args:
-        address: ``"host:port"`` or a URL such as ``"http://host:9900"``.
+        address: ``"host:port"`` or a URL such as ``"http://host:9900"``; ``"https://..."``
+            for a server run with ``--tls-cert``.
         inference_mode: ``"local"`` (act here, upload batches) or ``"remote"`` (server acts).
         update_interval: seconds between weight pulls in local mode; None pulls only on
             :meth:`update_policy_weights`.
         session: a ``requests.Session`` to reuse (connection pools, proxies, certificates).
         timeout: seconds for each request; remote calls retry within it.
-        token: the server's bearer token, if it has one.
+        token: the server's bearer token, if it has one; None takes it from the environment
+            variable ``RLPIPE_TOKEN`` when set (so it stays out of code and command lines),
+            and ``""`` sends none.
         spool_dir: where local mode keeps batches until the server has them; batches a crashed
             client left there are delivered too. The default, a new temporary directory, is
             removed when :meth:`close` has delivered everything, and kept (with a warning that
@@ -77,6 +81,9 @@ class PolicyClient:
         upload_rows: buffered steps that trigger an upload in local mode.
         upload_interval_s: the longest a step waits in memory in local mode.
         seed: seeds local action sampling.
+        verify: how an ``https://`` server's certificate is checked, as in requests: True
+            (the system's CAs), the path of a PEM CA bundle (that bundle alone), or an
+            ``ssl.SSLContext``. A certificate that does not verify raises ServerError at once.
     """
 
     def __init__(
@@ -92,6 +99,7 @@ class PolicyClient:
         upload_rows: int = 4096,
         upload_interval_s: float = 0.5,
         seed: int | None = None,
+        verify: Verify = True,
     ) -> None:
         if inference_mode not in INFERENCE_MODES:
             raise ConfigError(
@@ -100,7 +108,7 @@ class PolicyClient:
         self.inference_mode = inference_mode
         self.update_interval = update_interval
         self.client_id = secrets.token_hex(8)
-        self._http = Http(address, session, timeout, token)
+        self._http = Http(address, session, timeout, token, verify)
         self._spaces: tuple[gym.Space[Any], gym.Space[Any], str | None] | None = None
         self._agent_ids: dict[str, AgentIds] = {}  # per multi-agent episode, made on first use
         self._episode_numbers = itertools.count()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import http.client
 import json as _json
+import os
+import ssl
 import threading
 import time
 import weakref
@@ -32,6 +34,11 @@ from pipeline.errors import (
 from pipeline.format import spaces
 
 ARROW_TYPE = "application/vnd.apache.arrow.stream"
+TOKEN_VARIABLE = "RLPIPE_TOKEN"  # the same variable ``rlpipe serve`` reads its token from
+
+# how the server's certificate is checked, as requests' and httpx's ``verify``: True (the
+# system's CAs), the path of a PEM CA bundle, or an ssl.SSLContext
+Verify = bool | str | os.PathLike[str] | ssl.SSLContext
 
 
 _BY_STATUS: dict[int, type[ServerError]] = {
@@ -68,6 +75,16 @@ class Reply:
         return _json.loads(self.content)
 
 
+# what a request on a keep-alive connection the server has closed meets (TLS has its own)
+_CLOSED = (
+    ConnectionResetError,
+    BrokenPipeError,
+    http.client.RemoteDisconnected,
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+)
+
+
 class _NoAnswer(Exception):
     """The connection failed or timed out: the server may be down, so the call may retry."""
 
@@ -82,23 +99,40 @@ class Http:
     0.3-0.5 ms of CPU on each (more than the server's work) and a ``urllib3`` pool, measured
     here, about 0.1 ms more than this. With a ``session`` (proxies, certificates, adapters)
     every request goes through it.
+
+    An ``https://`` address is served over TLS with the certificate verified against
+    ``verify`` (see :data:`Verify`); a certificate that does not verify is a
+    :class:`ServerError` at once, never retried as a server that is down. ``token`` None
+    takes ``RLPIPE_TOKEN`` from the environment, if set.
     """
 
     def __init__(
-        self, address: str, session: requests.Session | None, timeout: float, token: str | None
+        self,
+        address: str,
+        session: requests.Session | None,
+        timeout: float,
+        token: str | None,
+        verify: Verify = True,
     ) -> None:
         self.url = base_url(address)
         self.session = session
         self.timeout = timeout
+        if token is None:
+            token = os.environ.get(TOKEN_VARIABLE) or None
         if token is not None and any(c in token for c in "\r\n\0"):  # the secret is not echoed
             raise ConfigError("PolicyClient", "token", "a token without line breaks", "<hidden>")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         parts = urlsplit(self.url)
-        https = parts.scheme == "https"
-        kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
-        self._new = functools.partial(
-            kind, parts.hostname or "localhost", parts.port, timeout=timeout
-        )
+        self._verify = _session_verify(verify, session)
+        kind: type[http.client.HTTPConnection] = http.client.HTTPConnection
+        options: dict[str, Any] = {"timeout": timeout}
+        if parts.scheme == "https":
+            kind = http.client.HTTPSConnection
+            options["context"] = _tls_context(verify) if session is None else None
+        elif verify is not True:  # a CA given for plain HTTP: the token would go in clear
+            wanted = "an https:// address, as verify names how to check its certificate"
+            raise ConfigError("PolicyClient", "address", wanted, self.url)
+        self._new = functools.partial(kind, parts.hostname or "localhost", parts.port, **options)
         self._prefix = parts.path.rstrip("/")
         self._local = threading.local()
         self._open: set[http.client.HTTPConnection] = set()  # every thread's, to close them all
@@ -148,24 +182,29 @@ class Http:
         if self.session is not None:
             try:
                 answer = self.session.request(
-                    method, self.url + path, data=body, headers=headers, timeout=self.timeout
+                    method,
+                    self.url + path,
+                    data=body,
+                    headers=headers,
+                    timeout=self.timeout,
+                    **self._verify,
                 )
             except (requests.ConnectionError, requests.Timeout) as error:
-                raise _NoAnswer(str(error)) from None
+                raise _failure(self.url, error) from None
             return Reply(answer.status_code, answer.headers, answer.content, answer.reason)
         connection = self._connection()
         reused = connection.sock is not None
         try:
             return _exchange(connection, method, self._prefix + path, body, headers)
-        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as error:
+        except _CLOSED as error:
             if not reused:  # a fresh connection failed: the server is not there
                 raise _NoAnswer(str(error) or type(error).__name__) from None
         except (OSError, http.client.HTTPException) as error:
-            raise _NoAnswer(str(error) or type(error).__name__) from None
+            raise _failure(self.url, error) from None
         try:  # the server closed an idle keep-alive connection: once more, on a new one
             return _exchange(connection, method, self._prefix + path, body, headers)
         except (OSError, http.client.HTTPException) as error:
-            raise _NoAnswer(str(error) or type(error).__name__) from None
+            raise _failure(self.url, error) from None
 
     def _connection(self) -> http.client.HTTPConnection:
         connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
@@ -191,6 +230,75 @@ def _exchange(
     except BaseException:
         connection.close()  # half an exchange leaves the connection out of step
         raise
+
+
+def _tls_context(verify: Verify) -> ssl.SSLContext:
+    """The context that checks the server's certificate, as ``verify`` asks."""
+    if isinstance(verify, ssl.SSLContext):
+        return verify
+    if verify is True:
+        return ssl.create_default_context()  # the system's CAs (SSL_CERT_FILE, if set)
+    if isinstance(verify, bool):
+        raise ConfigError("PolicyClient", "verify", _VERIFY_VALUES, verify)
+    try:  # that bundle alone, as requests' verify=PATH
+        return ssl.create_default_context(cafile=os.fspath(verify))
+    except (OSError, ssl.SSLError) as error:
+        got = f"{os.fspath(verify)} ({getattr(error, 'strerror', None) or error})"
+        raise ConfigError("PolicyClient", "verify", "a readable PEM file of CAs", got) from None
+
+
+_VERIFY_VALUES = (
+    "True (the system's CAs), a PEM CA bundle's path or an ssl.SSLContext (one whose "
+    "verify_mode is ssl.CERT_NONE turns the check off, if you must)"
+)
+
+
+def _session_verify(verify: Verify, session: requests.Session | None) -> dict[str, Any]:
+    """What a ``requests`` session is told about ``verify`` with each request."""
+    if session is None or verify is True:
+        return {}  # the session's own setting (session.verify, REQUESTS_CA_BUNDLE)
+    if isinstance(verify, ssl.SSLContext | bool):
+        raise ConfigError(
+            "PolicyClient", "verify", "with a session: True or a CA bundle's path", verify
+        )
+    return {"verify": os.fspath(verify)}
+
+
+def _failure(url: str, error: BaseException) -> Exception:
+    """What a failed exchange raises: an error at once when TLS says the peer is not the
+    server asked for, else :class:`_NoAnswer` (the server may be down: the call may retry)."""
+    for cause in _causes(error):
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return ServerError(
+                None,
+                f"{url}: the server's TLS certificate was refused ({cause.verify_message}); "
+                "if a CA of your own signed it, pass that CA: PolicyClient(..., verify=PATH)",
+            )
+        if isinstance(cause, ssl.SSLError) and cause.reason == "WRONG_VERSION_NUMBER":
+            return ServerError(None, f"{url}: the server does not speak TLS; use http://")
+        if isinstance(cause, http.client.BadStatusLine) and _tls_alert(cause):
+            return ServerError(None, f"{url}: the server speaks TLS only; use https://")
+    return _NoAnswer(str(error) or type(error).__name__)
+
+
+def _tls_alert(error: http.client.BadStatusLine) -> bool:
+    """The "status line" is a TLS alert record (type 21, version 3.x): what a TLS server
+    answers a request in plain HTTP."""
+    return str(getattr(error, "line", "")).startswith("\x15\x03")
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and what it wraps (requests wraps urllib3's errors, which wrap ssl's)."""
+    found: list[BaseException] = []
+    todo = [error]
+    while todo and len(found) < 20:
+        item = todo.pop()
+        if item in found:
+            continue
+        found.append(item)
+        wrapped = [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args]
+        todo.extend(x for x in wrapped if isinstance(x, BaseException))
+    return found
 
 
 def _close_all(connections: set[http.client.HTTPConnection]) -> None:
