@@ -83,13 +83,10 @@ class BC:
         return self.policy.checkpoint(version, self.algorithm)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {
-            **state.module_arrays("policy", self.policy),
-            **state.optimizer_arrays("optimizer", self.optimizer),
-            "updates": np.asarray(self.updates),
-        }
+        return _STATE.arrays(self)
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
-        state.load_module("policy", self.policy, arrays)
-        state.load_optimizer("optimizer", self.optimizer, arrays)
-        self.updates = int(arrays["updates"])
+        _STATE.load(self, arrays)
+
+
+_STATE = state.Parts(modules=("policy",), optimizers=("optimizer",))

@@ -43,6 +43,7 @@ from pipeline.trainers.networks import (
     column,
     export,
     observations_tensor,
+    polyak,
     squashed_logp,
     squashed_sample,
 )
@@ -191,7 +192,7 @@ class CQL:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        _polyak(self.q, self.q_target, c.tau)
+        polyak(self.q, self.q_target, c.tau)
         return {
             "loss": loss.item(),
             "td_loss": td_loss.item(),
@@ -227,7 +228,7 @@ class CQL:
         loss.backward()
         self.critic_optimizer.step()
         metrics = self._actor_alpha_step(x, a)
-        _polyak(self.critics, self.critics_target, c.tau)
+        polyak(self.critics, self.critics_target, c.tau)
         return {
             "loss": loss.item(),
             "td_loss": td_loss.item(),
@@ -286,35 +287,17 @@ class CQL:
         return Checkpoint(version, spec, weights)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        arrays = {"updates": np.asarray(self.updates)}
-        if not self.discrete:
-            arrays["log_alpha"] = self.log_alpha.detach().numpy().copy()
-        for name in self._modules():
-            arrays.update(state.module_arrays(name, getattr(self, name)))
-        for name in self._optimizers():
-            arrays.update(state.optimizer_arrays(name, getattr(self, name)))
-        return arrays
+        return _STATE[self.discrete].arrays(self)
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
-        for name in self._modules():
-            state.load_module(name, getattr(self, name), arrays)
-        for name in self._optimizers():
-            state.load_optimizer(name, getattr(self, name), arrays)
-        if not self.discrete:
-            with torch.no_grad():
-                self.log_alpha.copy_(torch.as_tensor(arrays["log_alpha"]))
-        self.updates = int(arrays["updates"])
-
-    def _modules(self) -> tuple[str, ...]:
-        return ("q", "q_target") if self.discrete else ("actor", "critics", "critics_target")
-
-    def _optimizers(self) -> tuple[str, ...]:
-        if self.discrete:
-            return ("optimizer",)
-        return ("actor_optimizer", "critic_optimizer", "alpha_optimizer")
+        _STATE[self.discrete].load(self, arrays)
 
 
-@torch.no_grad()
-def _polyak(net: nn.Module, target: nn.Module, tau: float) -> None:
-    for p, p_target in zip(net.parameters(), target.parameters(), strict=True):
-        p_target.mul_(1 - tau).add_(tau * p)
+_STATE = {
+    True: state.Parts(modules=("q", "q_target"), optimizers=("optimizer",)),
+    False: state.Parts(
+        modules=("actor", "critics", "critics_target"),
+        optimizers=("actor_optimizer", "critic_optimizer", "alpha_optimizer"),
+        values=("log_alpha", "updates"),
+    ),
+}

@@ -49,7 +49,7 @@ from pipeline.dataset.batch import Batch
 from pipeline.dataset.reader import InputReader
 from pipeline.errors import ConfigError, DatasetError
 from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from pipeline.trainers import state
+from pipeline.trainers import state, validation
 from pipeline.trainers.buffer import ReplayBuffer
 from pipeline.trainers.evaluation import evaluate as evaluate_policy
 from pipeline.trainers.runlog import RunLog
@@ -84,16 +84,13 @@ class LoopSettings:
     include_untrained: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "eval_every", "eval_episodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError("train", name, "an integer >= 1", value)
-        if self.max_updates is not None and self.max_updates < 1:
-            raise ConfigError("train", "max_updates", "an integer >= 1", self.max_updates)
-        for name in ("max_seconds", "timeout_s", "replay_ratio"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError("train", name, "a number > 0", value)
+        validation.counts(self, "batch_size", "eval_every", "eval_episodes", owner="train")
+        if self.max_updates is not None:
+            validation.counts(self, "max_updates", owner="train")
+        given = ("max_seconds", "timeout_s", "replay_ratio")
+        validation.positive(
+            self, *(n for n in given if getattr(self, n) is not None), owner="train"
+        )
         if self.env_id is not None:
             try:  # fail now, not at the first evaluation minutes into a run
                 gym.spec(self.env_id)

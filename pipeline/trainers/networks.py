@@ -110,6 +110,13 @@ def box_bounds(space: gym.spaces.Box) -> tuple[torch.Tensor, torch.Tensor]:
     return low, high
 
 
+@torch.no_grad()
+def polyak(net: nn.Module, target: nn.Module, tau: float) -> None:
+    """Move ``target``'s parameters a step ``tau`` towards ``net``'s (Polyak averaging)."""
+    for p, p_target in zip(net.parameters(), target.parameters(), strict=True):
+        p_target.mul_(1 - tau).add_(tau * p)
+
+
 def _numpy(values: Any) -> Any:
     """Tensors back to numpy (a Batch may have been moved to torch); nested values as they are."""
     if isinstance(values, torch.Tensor):

@@ -259,20 +259,15 @@ class PPO:
         return self.policy.checkpoint(version, self.algorithm, export("vf", self.value))
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {
-            **state.module_arrays("policy", self.policy),
-            **state.module_arrays("value", self.value),
-            **state.optimizer_arrays("optimizer", self.optimizer),
-            "version": np.asarray(self.version),
-            "updates": np.asarray(self.updates),
-        }
+        return _STATE.arrays(self)
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
-        state.load_module("policy", self.policy, arrays)
-        state.load_module("value", self.value, arrays)
-        state.load_optimizer("optimizer", self.optimizer, arrays)
-        self.version = int(arrays["version"])
-        self.updates = int(arrays["updates"])
+        _STATE.load(self, arrays)
+
+
+_STATE = state.Parts(
+    modules=("policy", "value"), optimizers=("optimizer",), values=("version", "updates")
+)
 
 
 def _segments(batch: Batch) -> np.ndarray | None:

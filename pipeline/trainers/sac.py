@@ -7,8 +7,8 @@ off-policy): online, the command samples them from a replay buffer filled by the
 The TD target bootstraps from ``next_observation`` unless the row *terminated*: a truncated row
 (a time limit) still has a future, so it bootstraps (Pardo et al. 2018).
 
-The pieces of ``update`` are methods (``critic_loss``, ``actor_alpha_step``, ``soft_update``), so
-each can be tested by itself.
+The pieces of ``update`` are methods (``critic_loss``, ``actor_alpha_step``), so each can be
+tested by itself.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pipeline.trainers.networks import (
     column,
     export,
     observations_tensor,
+    polyak,
     squashed_sample,
 )
 
@@ -149,13 +150,6 @@ class SAC:
             "entropy": -logp.mean().item(),
         }
 
-    @torch.no_grad()
-    def soft_update(self) -> None:
-        tau = self.config.tau
-        for net, target in ((self.q1, self.q1_target), (self.q2, self.q2_target)):
-            for p, p_target in zip(net.parameters(), target.parameters(), strict=True):
-                p_target.mul_(1 - tau).add_(tau * p)
-
     def update(self, batch: Batch) -> dict[str, float]:
         t = self.tensors(batch)
         critic_loss, q1 = self.critic_loss(t)
@@ -163,7 +157,8 @@ class SAC:
         critic_loss.backward()
         self.critic_optimizer.step()
         metrics = self.actor_alpha_step(t["x"])
-        self.soft_update()
+        polyak(self.q1, self.q1_target, self.config.tau)
+        polyak(self.q2, self.q2_target, self.config.tau)
         self.updates += 1
         return {
             "loss": critic_loss.item(),
@@ -186,25 +181,14 @@ class SAC:
         return Checkpoint(version, spec, weights)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        arrays = {
-            "log_alpha": self.log_alpha.detach().numpy().copy(),
-            "updates": np.asarray(self.updates),
-        }
-        for name in _MODULES:
-            arrays.update(state.module_arrays(name, getattr(self, name)))
-        for name in _OPTIMIZERS:
-            arrays.update(state.optimizer_arrays(name, getattr(self, name)))
-        return arrays
+        return _STATE.arrays(self)
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
-        for name in _MODULES:
-            state.load_module(name, getattr(self, name), arrays)
-        for name in _OPTIMIZERS:
-            state.load_optimizer(name, getattr(self, name), arrays)
-        with torch.no_grad():
-            self.log_alpha.copy_(torch.as_tensor(arrays["log_alpha"]))
-        self.updates = int(arrays["updates"])
+        _STATE.load(self, arrays)
 
 
-_MODULES = ("actor", "q1", "q2", "q1_target", "q2_target")
-_OPTIMIZERS = ("actor_optimizer", "critic_optimizer", "alpha_optimizer")
+_STATE = state.Parts(
+    modules=("actor", "q1", "q2", "q1_target", "q2_target"),
+    optimizers=("actor_optimizer", "critic_optimizer", "alpha_optimizer"),
+    values=("log_alpha", "updates"),
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -21,24 +22,50 @@ from pipeline.policy.checkpoint import save_arrays
 STATE_FILE = "trainer-state.npz"
 
 
-def module_arrays(name: str, module: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {
-        f"{name}.{key}": value.detach().cpu().numpy().copy()
-        for key, value in module.state_dict().items()
-    }
+class Parts(NamedTuple):
+    """The attributes of a trainer that make its state: torch modules, optimizers, and values
+    (counters as ints or floats, tensors such as a learned temperature)."""
+
+    modules: tuple[str, ...]
+    optimizers: tuple[str, ...]
+    values: tuple[str, ...] = ("updates",)
+
+    def arrays(self, trainer: object) -> dict[str, np.ndarray]:
+        arrays: dict[str, np.ndarray] = {}
+        for name in self.modules:
+            for key, value in getattr(trainer, name).state_dict().items():
+                arrays[f"{name}.{key}"] = value.detach().cpu().numpy().copy()
+        for name in self.optimizers:
+            arrays.update(_optimizer_arrays(name, getattr(trainer, name)))
+        for name in self.values:
+            value = getattr(trainer, name)
+            if isinstance(value, torch.Tensor):
+                value = value.detach().cpu().numpy().copy()
+            arrays[name] = np.asarray(value)
+        return arrays
+
+    def load(self, trainer: object, arrays: dict[str, np.ndarray]) -> None:
+        for name in self.modules:
+            prefix = f"{name}."
+            getattr(trainer, name).load_state_dict(
+                {
+                    key[len(prefix) :]: torch.as_tensor(value)
+                    for key, value in arrays.items()
+                    if key.startswith(prefix)
+                }
+            )
+        for name in self.optimizers:
+            _load_optimizer(name, getattr(trainer, name), arrays)
+        for name in self.values:
+            value = getattr(trainer, name)
+            if isinstance(value, torch.Tensor):
+                with torch.no_grad():
+                    value.copy_(torch.as_tensor(arrays[name]))
+            else:
+                setattr(trainer, name, type(value)(arrays[name]))
 
 
-def load_module(name: str, module: torch.nn.Module, arrays: dict[str, np.ndarray]) -> None:
-    prefix = f"{name}."
-    tensors = {
-        key[len(prefix) :]: torch.as_tensor(value)
-        for key, value in arrays.items()
-        if key.startswith(prefix)
-    }
-    module.load_state_dict(tensors)
-
-
-def optimizer_arrays(name: str, optimizer: torch.optim.Optimizer) -> dict[str, np.ndarray]:
+def _optimizer_arrays(name: str, optimizer: torch.optim.Optimizer) -> dict[str, np.ndarray]:
     state = optimizer.state_dict()
     arrays = {f"{name}.param_groups": _json_bytes(state["param_groups"])}
     for index, entries in state["state"].items():
@@ -47,7 +74,7 @@ def optimizer_arrays(name: str, optimizer: torch.optim.Optimizer) -> dict[str, n
     return arrays
 
 
-def load_optimizer(
+def _load_optimizer(
     name: str, optimizer: torch.optim.Optimizer, arrays: dict[str, np.ndarray]
 ) -> None:
     groups = json.loads(arrays[f"{name}.param_groups"].tobytes().decode())

@@ -1,39 +1,34 @@
-"""Checks shared by the trainers' config dataclasses; each raises ConfigError naming the field."""
+"""Checks shared by the trainers' and loops' configs; each raises ConfigError naming the field."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.errors import ConfigError
 from pipeline.policy.checkpoint import ACTIVATIONS
 
 
-def positive(config: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ConfigError(type(config).__name__, name, "a number > 0", value)
+def positive(config: Any, *names: str, owner: str | None = None) -> None:
+    _check(config, names, "a number > 0", lambda v: _number(v) and v > 0, owner)
 
 
-def non_negative(config: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise ConfigError(type(config).__name__, name, "a number >= 0", value)
+def non_negative(config: Any, *names: str, owner: str | None = None) -> None:
+    _check(config, names, "a number >= 0", lambda v: _number(v) and v >= 0, owner)
 
 
-def unit_interval(config: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise ConfigError(type(config).__name__, name, "a number in [0, 1]", value)
+def unit_interval(config: Any, *names: str, owner: str | None = None) -> None:
+    _check(config, names, "a number in [0, 1]", lambda v: _number(v) and 0 <= v <= 1, owner)
 
 
-def counts(config: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(type(config).__name__, name, "an integer >= 1", value)
+def counts(config: Any, *names: str, owner: str | None = None) -> None:
+    _check(
+        config,
+        names,
+        "an integer >= 1",
+        lambda v: _number(v) and isinstance(v, int) and v >= 1,
+        owner,
+    )
 
 
 def network(config: Any) -> None:
@@ -48,3 +43,16 @@ def network(config: Any) -> None:
         raise ConfigError(owner, "hidden", "a non-empty tuple of positive integers", hidden)
     if config.activation not in ACTIVATIONS:
         raise ConfigError(owner, "activation", f"one of {ACTIVATIONS}", config.activation)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check(
+    config: Any, names: tuple[str, ...], expected: str, ok: Callable[[Any], bool], owner: str | None
+) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not ok(value):
+            raise ConfigError(owner or type(config).__name__, name, expected, value)
