@@ -48,16 +48,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = inspect_dataset(args.dir)
-    if args.plot:
-        plot_episodes(args.dir, args.plot)
-        report["plot"] = str(Path(args.plot).resolve())
+    report = inspect_dataset(args.dir, plot=args.plot)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
 
-def inspect_dataset(path: str | Path) -> dict[str, Any]:
-    """The whole report as plain JSON-ready data."""
+def inspect_dataset(path: str | Path, plot: str | Path | None = None) -> dict[str, Any]:
+    """The whole report as plain JSON-ready data; with ``plot``, also the PNG of
+    :func:`plot_episodes`."""
     from pipeline.format import layout
     from pipeline.format.manifest import read_manifest
 
@@ -68,9 +66,10 @@ def inspect_dataset(path: str | Path) -> dict[str, Any]:
     steps = _table_files(filesystem, root, layout.STEPS, bad)
     episodes = _table_files(filesystem, root, layout.EPISODES, bad)
     step_rows = _read(filesystem, root, steps, layout.STEPS, _STEP_COLUMNS, manifest)
-    episode_rows = _episode_rows(filesystem, root, episodes, manifest)
+    episode_columns = ["episode_id", "ended_at", "length", "return", "end_reason"]
+    episode_rows = _read(filesystem, root, episodes, layout.EPISODES, episode_columns, manifest)
     returns, lengths, source = _curve(step_rows, episode_rows)
-    return {
+    report = {
         "path": root,
         "format_version": manifest.format_version,
         "created_at": manifest.created_at,
@@ -88,6 +87,9 @@ def inspect_dataset(path: str | Path) -> dict[str, Any]:
         "lengths": {"source": source, **_describe(lengths)},
         "health": health,
     }
+    if plot:
+        report["plot"] = str(plot_episodes(returns, lengths, plot).resolve())
+    return report
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -125,7 +127,7 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_episodes(path: str | Path, out: str | Path) -> Path:
+def plot_episodes(returns: list[float], lengths: list[int], out: str | Path) -> Path:
     """A PNG of episode return in the order episodes ended, and a histogram of their lengths.
 
     Raises:
@@ -135,7 +137,6 @@ def plot_episodes(path: str | Path, out: str | Path) -> Path:
         from matplotlib.figure import Figure
     except ModuleNotFoundError:
         raise RlpipeError("--plot needs matplotlib: pip install matplotlib") from None
-    returns, lengths = episode_curve(path)
     figure = Figure(figsize=(10, 4), dpi=100)
     left, right = figure.subplots(1, 2)
     left.plot(range(1, len(returns) + 1), returns, ".", alpha=0.4, label="episode")
@@ -156,36 +157,17 @@ def plot_episodes(path: str | Path, out: str | Path) -> Path:
     return target
 
 
-def episode_curve(path: str | Path) -> tuple[list[float], list[int]]:
-    """Returns and lengths of ended episodes, in the order they ended."""
-    from pipeline.format import layout
-    from pipeline.format.manifest import read_manifest
-
-    manifest = read_manifest(path)
-    filesystem, root = layout.resolve(path)
-    episode_paths = _table_files(filesystem, root, layout.EPISODES, set())
-    rows = _episode_rows(filesystem, root, episode_paths, manifest)
-    step_paths = _table_files(filesystem, root, layout.STEPS, set())
-    steps = None
-    if rows is None or not rows.num_rows:
-        steps = _read(filesystem, root, step_paths, layout.STEPS, _STEP_COLUMNS, manifest)
-    returns, lengths, _ = _curve(steps, rows)
-    return returns, lengths
-
-
 def _curve(steps: Any, rows: Any) -> tuple[list[float], list[int], str]:
     """From the episodes table when it has rows; otherwise (datasets written without one) summed
     from the step table's complete episodes."""
-    if rows is not None and rows.num_rows:
+    if rows.num_rows:
         rows = rows.sort_by([("ended_at", "ascending")])
         return rows.column("return").to_pylist(), rows.column("length").to_pylist(), "episodes"
-    if steps is None:
-        return [], [], "steps"
     grouped = _complete_episodes(steps).sort_by([("logged_at_max", "ascending")])
     return (
         grouped.column("reward_sum").to_pylist(),
         grouped.column("reward_count").to_pylist(),
-        ("steps"),
+        "steps",
     )
 
 
@@ -232,9 +214,7 @@ def _table_files(filesystem: Any, root: str, table: str, bad: set[str]) -> list[
 def _read(
     filesystem: Any, root: str, paths: list[str], table: str, columns: list[str], manifest: Any
 ) -> Any:
-    """The columns of a table's shards, ids decoded from dictionaries to plain strings."""
-    if not paths:
-        return None
+    """The columns of a table's shards (none: an empty table), ids decoded to plain strings."""
     import pyarrow as pa
 
     from pipeline.dataset import discovery
@@ -244,8 +224,11 @@ def _read(
         table_schema = schema.step_schema(manifest.observation_space, manifest.action_space)
     else:
         table_schema = schema.EPISODE_SCHEMA
-    dataset = discovery.open_dataset(filesystem, root, paths, table_schema, table)
-    data = dataset.to_table(columns=columns)
+    if paths:
+        dataset = discovery.open_dataset(filesystem, root, paths, table_schema, table)
+        data = dataset.to_table(columns=columns)
+    else:
+        data = table_schema.empty_table().select(columns)
     for index, field in enumerate(data.schema):
         if pa.types.is_dictionary(field.type):
             data = data.set_column(index, field.name, data.column(index).cast(pa.string()))
@@ -255,15 +238,6 @@ def _read(
 def _step_stats(steps: Any) -> dict[str, Any]:
     import pyarrow.compute as pc
 
-    if steps is None:
-        return {
-            "rows": 0,
-            "episodes": {"complete": 0, "incomplete": 0},
-            "clients": [],
-            "agents": [],
-            "policy_versions": [],
-            "date_range": {"first": None, "last": None},
-        }
     complete = _complete_episodes(steps).num_rows
     everything = steps.group_by(["episode_id", "agent_id"]).aggregate([]).num_rows
     versions = pc.unique(steps.column("policy_version").drop_null()).to_pylist()
@@ -290,14 +264,7 @@ def _complete_episodes(steps: Any) -> Any:
     return totals.filter(totals.column("ended_any"))
 
 
-def _episode_rows(filesystem: Any, root: str, paths: list[str], manifest: Any) -> Any:
-    columns = ["episode_id", "ended_at", "length", "return", "end_reason"]
-    return _read(filesystem, root, paths, "episodes", columns, manifest)
-
-
 def _episode_summary(rows: Any) -> dict[str, Any]:
-    if rows is None:
-        return {"rows": 0, "end_reasons": {}}
     reasons = rows.column("end_reason").value_counts().to_pylist()
     return {
         "rows": rows.num_rows,

@@ -26,7 +26,15 @@ from typing import Any
 
 from pipeline.errors import ConfigError, DatasetError, RlpipeError
 
-_FIELDS = ("observation", "reward", "next_observation")
+_COLUMNS = (
+    "observation",
+    "action",
+    "reward",
+    "next_observation",
+    "terminated",
+    "truncated",
+    "training_enabled",
+)
 
 
 @dataclass(frozen=True)
@@ -163,13 +171,12 @@ def read_episode(path: str | Path, episode_id: str, agent_id: str | None = None)
 
     from pipeline.dataset.reader import InputReader
 
-    condition = ds.field("episode_id") == episode_id
     reader = InputReader(
         path,
         episodes=True,
-        columns=("observation", "action", "reward", "next_observation", "terminated", "truncated"),
+        columns=_COLUMNS,
         agent_ids=(agent_id,) if agent_id else None,
-        filter=condition,
+        filter=ds.field("episode_id") == episode_id,
     )
     found = list(reader)
     if not found:
@@ -198,17 +205,8 @@ def resend(
     from pipeline.client import PolicyClient
     from pipeline.dataset.reader import InputReader
 
-    columns = (
-        "observation",
-        "action",
-        "reward",
-        "next_observation",
-        "terminated",
-        "truncated",
-        "training_enabled",
-    )
     condition = ds.field("episode_id") == episode_id if episode_id else None
-    reader = InputReader(path, episodes=True, columns=columns, filter=condition)
+    reader = InputReader(path, episodes=True, columns=_COLUMNS, filter=condition)
     client = PolicyClient(address, inference_mode, update_interval=None, token=token)
     episodes = steps = 0
     try:
@@ -313,11 +311,8 @@ def _row(batch: Any, t: int) -> Any:
 def _as_action(action: Any) -> Any:
     import numpy as np
 
-    if isinstance(action, np.ndarray) and action.ndim == 0:
-        return action.item()
-    if isinstance(action, np.generic):
-        return action.item()
-    return action
+    scalar = isinstance(action, np.generic | np.ndarray) and np.ndim(action) == 0
+    return action.item() if scalar else action
 
 
 def _flat(space: Any, value: Any) -> Any:
