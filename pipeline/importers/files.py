@@ -50,10 +50,9 @@ def data_files(src: str | Path) -> tuple[pafs.FileSystem, list[str]]:
     return filesystem, paths
 
 
-def open_dataset(
-    src: str | Path, file_format: str, relevant: Callable[[str], bool]
-) -> ds.FileSystemDataset:
-    """The files of ``src`` as one dataset, refused when they differ in a ``relevant`` column.
+def read_files(src: str | Path, file_format: str, relevant: Callable[[str], bool]) -> pa.Table:
+    """The ``relevant`` columns of the files of ``src`` as one table, refused when the files
+    differ in them.
 
     pyarrow takes the first file's schema for all: a column missing from a later file would come
     back as nulls, and one only a later file has would be dropped without a word.
@@ -72,9 +71,9 @@ def open_dataset(
                 first = (fragment.path, names)
             elif (error := column_difference(fragment.path, names, *first)) is not None:
                 raise error
+        return dataset.to_table(columns=[n for n in dataset.schema.names if relevant(n)])
     except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
         raise DatasetError(f"{src}: unreadable as {file_format} ({error})") from None
-    return dataset
 
 
 def column_difference(

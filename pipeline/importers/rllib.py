@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from pipeline.errors import DatasetError
-from pipeline.importers.files import column_difference, data_files, open_dataset
+from pipeline.importers.files import column_difference, data_files, read_files
 from pipeline.importers.transitions import SourceSteps, arrow_to_numpy
 from pipeline.importers.unpickler import load_ndarray
 
@@ -76,13 +75,8 @@ def read_sample_batches(src: str | Path) -> SourceSteps:
 
 def read_ray_data(src: str | Path, file_format: str) -> SourceSteps:
     """New-style RLlib output written by Ray Data: ``file_format`` is "json" or "parquet"."""
-    dataset = open_dataset(src, file_format, COLUMNS.__contains__)
-    wanted = [name for name in COLUMNS if name in dataset.schema.names]
-    try:
-        table = dataset.to_table(columns=wanted)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-        raise DatasetError(f"{src}: unreadable as {file_format} ({error})") from None
-    columns = {name: arrow_to_numpy(table.column(name), f"{src}: '{name}'") for name in wanted}
+    table = read_files(src, file_format, COLUMNS.__contains__)
+    columns = {name: arrow_to_numpy(table[name], f"{src}: '{name}'") for name in table.column_names}
     return to_source_steps(columns, str(src))
 
 

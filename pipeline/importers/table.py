@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import DatasetError
-from pipeline.importers.files import open_dataset
+from pipeline.importers.files import read_files
 from pipeline.importers.transitions import ImportSummary, SourceSteps, arrow_to_numpy, write_dataset
 
 COLUMNS = {
@@ -69,12 +69,7 @@ def read_table(src: str | Path) -> SourceSteps:
     file_format = "csv" if suffix == ".csv" else "parquet"
     if suffix and suffix not in _SUFFIXES:
         raise DatasetError(f"{src}: expected a .csv or .parquet file, got {suffix}")
-    dataset = open_dataset(src, file_format, _relevant)
-    try:
-        table = dataset.to_table()
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-        raise DatasetError(f"{src}: unreadable as {file_format} ({error})") from None
-    return table_to_steps(table, str(src))
+    return table_to_steps(read_files(src, file_format, _relevant), str(src))
 
 
 def table_to_steps(table: pa.Table, where: str) -> SourceSteps:

@@ -259,7 +259,7 @@ def split_episodes(steps: SourceSteps, max_episode_steps: int | None) -> _Episod
     lengths = ends - starts
     episode_of_row = np.repeat(np.arange(len(starts)), lengths)
     ts = np.arange(n) - np.repeat(starts, lengths)
-    terminateds, truncateds = _end_flags(steps, order, ends, max_episode_steps)
+    terminateds, truncateds = _end_flags(steps, order, starts, ends, max_episode_steps)
     return _Episodes(
         order=order,
         episode_ids=_episode_ids(keys[order], group, starts, episode_of_row),
@@ -285,7 +285,7 @@ def _flag(values: np.ndarray | None, n: int) -> np.ndarray:
 
 
 def _end_flags(
-    steps: SourceSteps, order: np.ndarray, ends: np.ndarray, limit: int | None
+    steps: SourceSteps, order: np.ndarray, starts: np.ndarray, ends: np.ndarray, limit: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     n = len(order)
     last = ends - 1
@@ -298,17 +298,13 @@ def _end_flags(
         done = _flag(steps.dones, n)[order][last]
         reached = np.zeros(len(last), dtype=bool)
         if limit is not None:
-            source_t = steps.ts[order][last] if steps.ts is not None else last - _starts(ends)
+            source_t = steps.ts[order][last] if steps.ts is not None else last - starts
             reached = source_t + 1 >= limit
         terminateds[last] = done & ~reached
         truncateds[last] = done & reached
     cut = ~(terminateds[last] | truncateds[last])  # rows stop with no end flag: the data was cut
     truncateds[last[cut]] = True
     return terminateds, truncateds
-
-
-def _starts(ends: np.ndarray) -> np.ndarray:
-    return np.r_[0, ends[:-1]] if len(ends) else ends
 
 
 def _episode_ids(
