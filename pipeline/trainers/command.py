@@ -10,7 +10,7 @@ import argparse
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
 
@@ -18,25 +18,13 @@ if TYPE_CHECKING:
     from pipeline.trainers.trainer import Trainer
 
 
-class _Algorithm(NamedTuple):
-    trainer: str  # the class in pipeline.trainers.NAME; its config is this name + "Config"
-    online: bool
-    offline: bool
-    batch_size: int  # rows per update by default
-
-
+# Each trainer is pipeline.trainers.NAME.{NAME.upper()}, its config that name + "Config".
+ALGORITHMS = ("ppo", "sac", "bc", "marwil", "cql")
 # PPO is on-policy: it learns only from its own versions, so online only, and from larger batches.
 # MARWIL's returns need whole episodes, not a replay buffer of live rows: offline only.
-_ALGORITHMS = {
-    "ppo":    _Algorithm("PPO",    online=True,  offline=False, batch_size=2048),
-    "sac":    _Algorithm("SAC",    online=True,  offline=True,  batch_size=256),
-    "bc":     _Algorithm("BC",     online=True,  offline=True,  batch_size=256),
-    "marwil": _Algorithm("MARWIL", online=False, offline=True,  batch_size=256),
-    "cql":    _Algorithm("CQL",    online=True,  offline=True,  batch_size=256),
-}  # fmt: skip
-ALGORITHMS = tuple(_ALGORITHMS)
-ONLINE = tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.online)
-OFFLINE = tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.offline)
+ONLINE = ("ppo", "sac", "bc", "cql")
+OFFLINE = ("sac", "bc", "marwil", "cql")
+_BATCH_SIZE = {"ppo": 2048}  # rows per update by default; 256 for the others
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -107,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.data)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{args.algorithm}-{stamp}"
-    default_batch = _ALGORITHMS[args.algorithm].batch_size
+    default_batch = _BATCH_SIZE.get(args.algorithm, 256)
     settings = loop.LoopSettings(
         data=Path(args.data),
         run_dir=run_dir,
@@ -156,7 +144,7 @@ def make_trainer(
     import importlib
 
     module = importlib.import_module(f"pipeline.trainers.{algorithm}")
-    name = _ALGORITHMS[algorithm].trainer
+    name = algorithm.upper()
     config_type = getattr(module, f"{name}Config")
     fields = {field.name for field in dataclasses.fields(config_type)}
     unknown = sorted(set(options) - fields)

@@ -1,32 +1,18 @@
 """The training loops behind ``rlpipe train``: offline from history, online from a live dataset.
 
-Offline, the whole dataset is read once (as whole episodes, through the InputReader) into memory
-and minibatches are sampled from it; every ``eval_every`` updates a checkpoint goes to
-``RUN/checkpoints`` (never into the dataset, which may be a shipped one) and, when the env is
-known, is evaluated in gymnasium.
+Offline, the dataset is read once, as whole episodes, and minibatches are sampled from it; every
+``eval_every`` updates a checkpoint goes to ``RUN/checkpoints`` (never into the dataset, which may
+be a shipped one) and is evaluated in gymnasium when the env is known.
 
-Online (``follow``), the reader follows the dataset ``rlpipe serve`` writes, and checkpoints are
-published into ``DATASET/checkpoints``, where the server and the clients pick up the newest. The
-first one is published before any update, so clients have a policy to act with.
+Online (``follow``), checkpoints go to ``DATASET/checkpoints``, where the server and the clients
+pick up the newest; the first before any update, so clients have a policy to act with. An
+:class:`~pipeline.trainers.trainer.OnPolicy` trainer (PPO) trains on the newest rows of its own
+versions (:func:`_online_rollouts`), any other samples a replay buffer of everything read
+(:func:`_online_transitions`).
 
-- An on-policy trainer (:class:`~pipeline.trainers.trainer.OnPolicy`: PPO) reads the rows of
-  this run's versions as they are committed (episode fragments: it does not wait for an episode
-  to end) and updates on the newest of them as soon as ``batch_size`` new ones have come (rows
-  too stale for its policy loss, see :mod:`pipeline.trainers.ppo`, do not count; older rows are
-  read past, so a trainer slower than its clients stays at the front of the log instead of
-  training on its backlog). It publishes a version after every update, since its next rows
-  should come from it. Its score is the mean return of the last 20 episodes the clients played,
-  summed from the rows it read: what the clients actually got, at no cost. A gymnasium
-  evaluation runs only every ``eval_every`` updates, off the critical path of a run that stops
-  on that score.
-- The others sample minibatches from a replay buffer of everything read so far, publish every
-  ``eval_every`` updates and evaluate then.
-
-Rows of ``training_enabled=False`` episodes are stored and marked, and no loop reads them
-(RLlib's promise: such an episode produces no training batches): they are neither trained on nor
-counted in ``rows``, ``env_steps`` or the online score. ``include_untrained`` (``rlpipe train
---include-untrained``) reads them too. The InputReader's own filter does this, so ``rlpipe
-inspect`` and ``rlpipe replay`` still see every row.
+Rows of ``training_enabled=False`` episodes are stored and marked, and no loop reads them unless
+``include_untrained`` (RLlib's promise: such an episode produces no training batches). The
+InputReader's own filter does this, so ``rlpipe inspect`` and ``rlpipe replay`` see every row.
 
 Both save the trainer's state (``RUN/trainer-state.npz``) with each evaluation, at least every
 ``STATE_EVERY_S`` seconds and when they stop; a run started again with the same ``--run-dir``
@@ -221,12 +207,14 @@ def train_online(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[
 def _online_rollouts(run: _Run, trainer: OnPolicy, entry: dict[str, Any]) -> dict[str, Any]:
     """On-policy (PPO): an update on the rows acted by this run's versions since the last
     update, as soon as there are ``batch_size`` of them (the newest ``MAX_BATCHES * batch_size``
-    when more came).
+    when more came), and a version published after each, since the next rows should come from it.
 
-    Older rows are read (their returns count) but not trained on, so the trainer stays at the
-    front of the log however fast the clients play; and a larger batch costs a small network
-    little more per gradient step than a small one, so rows the clients made are used, not
-    dropped, up to that cap."""
+    Rows too stale for the policy loss are read (their returns count) but not trained on, so the
+    trainer stays at the front of the log however fast the clients play; and a larger batch
+    costs a small network little more per gradient step than a small one, so rows the clients
+    made are used, not dropped, up to that cap. The score is the mean return of the last
+    SCORE_EPISODES episodes the clients played, summed from the rows read: what the clients got,
+    at no cost; gymnasium evaluates only every ``eval_every`` updates."""
     s = run.settings
     reader = run.follow(min_policy_version=run.version)
     returns = EpisodeReturns(SCORE_EPISODES)

@@ -1,18 +1,9 @@
 """What ``rlpipe train`` needs of a trainer: small Protocols, no base class.
 
-Every trainer (``ppo``, ``sac``, ``bc``, ``marwil``, ``cql``) meets :class:`Trainer` with its own
-methods; none inherits from another or from this module (CORL's learner surface). Two narrower
-protocols say how a trainer wants its rows, and the loops of :mod:`pipeline.trainers.loop` choose
-by them, never by an algorithm's name:
-
-- :class:`OnPolicy` (PPO) learns only from rows its own recent versions acted: online, the loop
-  gives it the newest rows as they are committed instead of a replay buffer, and asks it which
-  rows are fresh enough to train on.
-- :class:`RefreshesTargets` (MARWIL) computes targets from its own networks over whole episodes:
-  offline, the loop has it recompute them over the whole dataset every ``eval_every`` updates,
-  and samples minibatches from the result.
-
-This module imports neither torch nor any trainer, so ``pipeline.trainers.command`` loads fast.
+Every trainer meets :class:`Trainer` with its own methods; none inherits from another or from
+this module (CORL's learner surface). The loops of :mod:`pipeline.trainers.loop` choose how to feed
+a trainer by the narrower protocols it meets (:class:`OnPolicy`, :class:`RefreshesTargets`), never
+by an algorithm's name. This module imports neither torch nor any trainer.
 """
 
 from __future__ import annotations
@@ -48,7 +39,8 @@ class Trainer(Protocol):
 
 @runtime_checkable
 class OnPolicy(Trainer, Protocol):
-    """A trainer that learns from the rows its own recent versions acted (PPO)."""
+    """A trainer that learns from the rows its own recent versions acted (PPO): online, the loop
+    hands it the newest rows as they are committed instead of a replay buffer."""
 
     def fresh(self, batch: Batch) -> np.ndarray:
         """A boolean mask of the rows recent enough to enter the policy loss."""
@@ -57,7 +49,8 @@ class OnPolicy(Trainer, Protocol):
 
 @runtime_checkable
 class RefreshesTargets(Trainer, Protocol):
-    """A trainer whose targets come from its own networks over whole episodes (MARWIL)."""
+    """A trainer whose targets come from its own networks over whole episodes (MARWIL): offline,
+    the loop has it recompute them over the dataset every ``eval_every`` updates."""
 
     def with_targets(self, batch: Batch) -> Batch:
         """``batch`` (rows of whole episodes, in ``t`` order) with targets from the networks as
