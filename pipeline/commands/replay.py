@@ -223,6 +223,8 @@ def resend(
 
 
 def _resend_episode(client: Any, path: str | Path, episode: Any) -> int:
+    from pipeline.recording.batches import row_of
+
     episode_id = str(episode.episode_ids[0])
     seed, options = _reset_args(path, episode_id, str(episode.agent_ids[0]))
     sent = client.start_episode(
@@ -233,10 +235,10 @@ def _resend_episode(client: Any, path: str | Path, episode: Any) -> int:
     )
     n = len(episode.rewards)
     for t in range(n):
-        client.log_action(sent, _row(episode.observations, t), _as_action(_row(episode.actions, t)))
+        client.log_action(sent, row_of(episode.observations, t), row_of(episode.actions, t))
         client.log_returns(sent, float(episode.rewards[t]))
     terminated = bool(episode.terminateds[-1])
-    client.end_episode(sent, _row(episode.next_observations, n - 1), truncated=not terminated)
+    client.end_episode(sent, row_of(episode.next_observations, n - 1), truncated=not terminated)
     return n
 
 
@@ -269,23 +271,24 @@ def _execute(
     env: Any, manifest: Any, episode: Any, seed: int | None, options: Any, render: Any
 ) -> tuple[Divergence | None, int, list[Any]]:
     """Step the env through the recorded actions, noting the first divergence."""
+    from pipeline.recording.batches import row_of
+
     observation_space = manifest.observation_space
     observation, _ = env.reset(seed=seed, options=options)
     frames = [env.render()] if render else []
     divergence: Divergence | None = None
     replayed = 0
     for t in range(len(episode.rewards)):
-        recorded_now = _row(episode.observations, t)
+        recorded_now = row_of(episode.observations, t)
         if divergence is None and not _same(observation_space, recorded_now, observation):
             divergence = _diverged(observation_space, t, "observation", recorded_now, observation)
-        action = _row(episode.actions, t)
-        observation, reward, terminated, truncated, _ = env.step(_as_action(action))
+        observation, reward, terminated, truncated, _ = env.step(row_of(episode.actions, t))
         replayed += 1
         if render:
             frames.append(env.render())
         if divergence is None and float(reward) != float(episode.rewards[t]):
             divergence = Divergence(t, "reward", float(episode.rewards[t]), float(reward))
-        recorded_next = _row(episode.next_observations, t)
+        recorded_next = row_of(episode.next_observations, t)
         if divergence is None and not _same(observation_space, recorded_next, observation):
             divergence = _diverged(
                 observation_space, t, "next_observation", recorded_next, observation
@@ -297,22 +300,6 @@ def _execute(
                 )
             break
     return divergence, replayed, frames
-
-
-def _row(batch: Any, t: int) -> Any:
-    """Row ``t`` of a batch of a (possibly nested Dict/Tuple) space."""
-    if isinstance(batch, dict):
-        return {key: _row(value, t) for key, value in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_row(value, t) for value in batch)
-    return batch[t]
-
-
-def _as_action(action: Any) -> Any:
-    import numpy as np
-
-    scalar = isinstance(action, np.generic | np.ndarray) and np.ndim(action) == 0
-    return action.item() if scalar else action
 
 
 def _flat(space: Any, value: Any) -> Any:

@@ -71,12 +71,10 @@ class ModelSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **vars(self),
             "observation_space": spaces.space_to_json(self.observation_space),
             "action_space": spaces.space_to_json(self.action_space),
             "hidden": list(self.hidden),
-            "activation": self.activation,
-            "distribution": self.distribution,
-            "algorithm": self.algorithm,
         }
 
     @classmethod

@@ -16,6 +16,7 @@ import numpy as np
 from pipeline.errors import DatasetError
 from pipeline.format import flattening
 from pipeline.policy.checkpoint import LOG_STD_MAX, LOG_STD_MIN, Checkpoint
+from pipeline.recording.batches import row_of
 
 
 class NumpyPolicy:
@@ -66,13 +67,8 @@ class NumpyPolicy:
         else is :meth:`act` on a batch of one.
         """
         if self._box_width is None or self.spec.distribution != "categorical":
-            batch = (
-                np.asarray(observation)[None]
-                if self._box_width is not None
-                else (_batch_of_one(observation))
-            )
-            actions, logp = self.act(batch, rng, explore)
-            return _first(actions), float(logp[0])
+            actions, logp = self.act(_batch_of_one(observation), rng, explore)
+            return row_of(actions, 0), float(logp[0])
         x = np.asarray(observation, np.float32).reshape(self._box_width)
         # x.dot(w) is the BLAS gemv that x @ w calls, bit for bit, without the ufunc machinery
         # that costs @ half a microsecond more per layer
@@ -176,15 +172,6 @@ def _batch_of_one(observation: Any) -> Any:
     if isinstance(observation, tuple):
         return tuple(_batch_of_one(value) for value in observation)
     return np.asarray(observation)[None]
-
-
-def _first(batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return {key: _first(value) for key, value in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_first(value) for value in batch)
-    value = np.asarray(batch)[0]
-    return value.item() if value.ndim == 0 else value
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
