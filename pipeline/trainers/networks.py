@@ -84,24 +84,23 @@ def squashed_sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A reparameterized action and its log-probability from a squashed-Gaussian output layer."""
     mean, log_std = out.chunk(2, dim=-1)
-    log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-    u = mean + log_std.exp() * torch.randn_like(mean)
-    # tanh change of variables, SAC (Haarnoja et al. 2018), appendix C, in a stable form
-    correction = 2 * (math.log(2) - u - nn.functional.softplus(-2 * u))
-    logp = gaussian_logp(mean, log_std, u) - correction.sum(-1)
-    return low + (torch.tanh(u) + 1) / 2 * (high - low), logp
+    u = mean + log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp() * torch.randn_like(mean)
+    return low + (torch.tanh(u) + 1) / 2 * (high - low), _squashed_logp(out, u)
 
 
 def squashed_logp(
     out: torch.Tensor, actions: torch.Tensor, low: torch.Tensor, high: torch.Tensor
 ) -> torch.Tensor:
     """Log-probability of given Box actions under a squashed Gaussian (for behaviour cloning)."""
-    mean, log_std = out.chunk(2, dim=-1)
-    log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
     unit = (2 * (actions - low) / (high - low) - 1).clamp(-0.999, 0.999)
-    u = torch.atanh(unit)
+    return _squashed_logp(out, torch.atanh(unit))
+
+
+def _squashed_logp(out: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    mean, log_std = out.chunk(2, dim=-1)
+    # tanh change of variables, SAC (Haarnoja et al. 2018), appendix C, in a stable form
     correction = 2 * (math.log(2) - u - nn.functional.softplus(-2 * u))
-    return gaussian_logp(mean, log_std, u) - correction.sum(-1)
+    return gaussian_logp(mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX), u) - correction.sum(-1)
 
 
 def box_bounds(space: gym.spaces.Box) -> tuple[torch.Tensor, torch.Tensor]:

@@ -163,7 +163,8 @@ class PPO:
             batch.truncateds,
             c.gamma,
             c.gae_lambda,
-            episode_ids=_segments(batch),
+            episode_ids=batch.episode_ids,
+            ts=batch.ts,
         )
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -268,18 +269,6 @@ class PPO:
 _STATE = state.Parts(
     modules=("policy", "value"), optimizers=("optimizer",), values=("version", "updates")
 )
-
-
-def _segments(batch: Batch) -> np.ndarray | None:
-    """A label per row that changes wherever the rows stop being one episode's consecutive steps:
-    a new ``episode_id``, or a gap or jump in ``t`` (fragments of one episode that arrived apart).
-    GAE restarts, and bootstraps, at each change."""
-    if batch.episode_ids is None or batch.ts is None:
-        return batch.episode_ids
-    ids, ts = np.asarray(batch.episode_ids), np.asarray(batch.ts, np.int64)
-    breaks = np.ones(len(ids), bool)
-    breaks[1:] = (ids[1:] != ids[:-1]) | (ts[1:] != ts[:-1] + 1)
-    return np.cumsum(breaks)
 
 
 @torch.no_grad()

@@ -24,13 +24,19 @@ import numpy as np
 from pipeline.errors import ConfigError
 
 
-def episode_ends(terminateds: Any, truncateds: Any, episode_ids: Any = None) -> np.ndarray:
-    """True on each episode's last row in the batch (see the module docstring)."""
+def episode_ends(
+    terminateds: Any, truncateds: Any, episode_ids: Any = None, ts: Any = None
+) -> np.ndarray:
+    """True on each episode's last row in the batch (see the module docstring); with ``ts``, also
+    before a gap or jump in ``t`` (fragments of one episode that arrived apart)."""
     terminated = np.asarray(terminateds, dtype=bool)
     ends = terminated | np.asarray(truncateds, dtype=bool)
     if episode_ids is not None:
         ids = np.asarray(episode_ids)
         ends[:-1] |= ids[:-1] != ids[1:]
+        if ts is not None:
+            t = np.asarray(ts, np.int64)
+            ends[:-1] |= t[1:] != t[:-1] + 1
     if len(ends):
         ends[-1] = True
     return ends
@@ -77,6 +83,7 @@ def gae(
     gae_lambda: float,
     *,
     episode_ids: Any = None,
+    ts: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Advantages and value targets by GAE (Schulman et al. 2016, eq. 16).
 
@@ -92,7 +99,7 @@ def gae(
     value = np.asarray(values, dtype=np.float64)
     next_value = np.asarray(next_values, dtype=np.float64)
     terminated = np.asarray(terminateds, dtype=bool)
-    ends = episode_ends(terminated, truncateds, episode_ids)
+    ends = episode_ends(terminated, truncateds, episode_ids, ts)
     deltas = reward + gamma * np.where(terminated, 0.0, next_value) - value
     advantages = np.zeros_like(reward)
     following = 0.0
