@@ -2,9 +2,9 @@
 
 A checkpoint is one ``.npz`` file read with ``allow_pickle=False``: the weights as plain arrays and
 the model spec as JSON bytes under ``__spec__``. The same file feeds the client's local inference,
-the server's remote inference and a trainer that resumes, so none of them needs torch to act
-(:mod:`pipeline.policy.network` runs one with numpy), and
-loading a checkpoint can never run code (RLlib's pickled policies can).
+the server's remote inference and evaluation, so none of them needs torch to act
+(:mod:`pipeline.policy.network` runs one with numpy), and loading one can never run code (RLlib's
+pickled policies can).
 
 Weights use torch's ``nn.Linear`` layout (``pi.{i}.weight`` is (out, in)), so a trainer exports its
 ``state_dict`` as it is. Files are named ``policy-{version:08d}.npz``; the newest version wins.

@@ -1,9 +1,4 @@
-"""Rows held in memory for trainers that sample them more than once (offline data, SAC's replay).
-
-Batches arrive from the :class:`~pipeline.dataset.reader.InputReader` (episodes, shuffled or live
-transitions); the buffer joins them into one Batch and hands out seeded random minibatches. It
-keeps the newest ``capacity`` rows, as a replay buffer does.
-"""
+"""Rows held in memory for trainers that sample them more than once (offline data, SAC's replay)."""
 
 from __future__ import annotations
 
@@ -41,10 +36,6 @@ class ReplayBuffer:
             self._pending = []
             self._rows = joined[max(0, len(joined) - self.capacity) :]
         return self._rows
-
-    def replace_rows(self, rows: Batch) -> None:
-        """Swap in the same rows with new extras (MARWIL's returns, recomputed)."""
-        self._pending, self._rows = [], rows
 
     def sample(self, n: int) -> Batch:
         rows = self.rows

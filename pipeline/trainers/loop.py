@@ -177,15 +177,13 @@ def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict
     if not len(data):
         which = "rows" if settings.include_untrained else "training_enabled rows"
         raise DatasetError(f"{settings.data}: no {which} to train on")
-    buffer = ReplayBuffer(capacity=max(1, len(data)), seed=settings.seed)
-    buffer.add(data)
-    metrics: dict[str, float] = {}
+    rng, rows = np.random.default_rng(settings.seed), data
     with run:
         while True:
             if isinstance(trainer, RefreshesTargets) and run.updates % settings.eval_every == 0:
                 # e.g. MARWIL's returns bootstrap truncations from V: refresh them as V learns
-                buffer.replace_rows(trainer.with_targets(data))
-            metrics = trainer.update(buffer.sample(settings.batch_size))
+                rows = trainer.with_targets(data)
+            metrics = trainer.update(rows[rng.integers(len(rows), size=settings.batch_size)])
             run.updates += 1
             if run.updates % settings.eval_every == 0 or run.finished(None):
                 entry = run.publish({"rows": len(data), **metrics})

@@ -3,12 +3,8 @@
 The policy loss is ``-E[exp(beta * A / c) * log pi(a|s)]`` with ``A = G - V(s)``, the Monte Carlo
 return ``G`` minus a learned value baseline, and ``c`` a moving average of ``E[A^2]`` (the
 paper's normalization, as RLlib implements it). ``beta = 0`` is plain behaviour cloning.
-
-Returns need whole episodes: :meth:`MARWIL.returns` computes them over rows of whole episodes in
-``t`` order (as ``InputReader(episodes=True)`` yields them), bootstrapping truncated episodes from
-the value network; ``update`` uses ``batch.extras["returns"]`` when the caller has computed them
-over the whole dataset (``with_targets`` adds them; then minibatches can be shuffled), and
-computes them itself otherwise.
+Returns need whole episodes; computed over the whole dataset (:meth:`MARWIL.with_targets`), they
+let minibatches be shuffled.
 """
 
 from __future__ import annotations

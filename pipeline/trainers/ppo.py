@@ -140,10 +140,8 @@ class PPO:
         self.updates = 0
 
     def fresh(self, batch: Batch) -> np.ndarray:
-        """Rows that enter the policy loss: a behaviour logp, and at most max_policy_lag old.
-
-        Having it makes PPO an ``OnPolicy`` trainer: online, the loop hands it the newest rows
-        rather than a replay buffer, and reads past batches with no fresh row."""
+        """Rows that enter the policy loss: a behaviour logp, and at most max_policy_lag old
+        (this makes PPO an ``OnPolicy`` trainer)."""
         versions = np.asarray(batch.policy_versions, np.int64)
         logps = np.asarray(batch.action_logps, np.float64)
         return np.isfinite(logps) & (versions >= self.version - self.config.max_policy_lag)
