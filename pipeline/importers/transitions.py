@@ -275,8 +275,7 @@ def split_episodes(steps: SourceSteps, max_episode_steps: int | None) -> _Episod
 def _ended(steps: SourceSteps) -> np.ndarray:
     n = len(steps.episode_keys)
     if steps.terminateds is not None or steps.truncateds is not None:
-        terminated = _flag(steps.terminateds, n)
-        return terminated | _flag(steps.truncateds, n)
+        return _flag(steps.terminateds, n) | _flag(steps.truncateds, n)
     return _flag(steps.dones, n)
 
 

@@ -32,12 +32,11 @@ class RunLog:
         self._records: list[dict[str, Any]] = []
         self._interactive = self.stream.isatty()
 
-    @property
-    def seconds(self) -> float:
-        return time.monotonic() - self._start
-
     def record(self, **values: Any) -> dict[str, Any]:
-        entry = {"seconds": round(self.seconds, 3), **{k: _plain(v) for k, v in values.items()}}
+        entry = {
+            "seconds": round(time.monotonic() - self._start, 3),
+            **{k: _plain(v) for k, v in values.items()},
+        }
         self._records.append(entry)
         self._file.write(json.dumps(entry) + "\n")
         self._file.flush()
