@@ -69,9 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train on rows of training_enabled=False episodes too (default: skip them, as "
         "RLlib does; they are still stored, and inspect and replay see them)",
     )
-    parser.add_argument("--hidden", type=_widths, help="hidden layer widths, e.g. 64,64")
-    parser.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
-    for flag, kind, text in _HYPERPARAMETERS:
+    for name, kind, text in _HYPERPARAMETERS:
+        flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=kind, help=f"{text} (default: the algorithm's)")
     parser.add_argument(
         "--timeout",
@@ -111,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         include_untrained=args.include_untrained,
     )
-    options = {"hidden": args.hidden, "lr": args.lr}
-    options.update({_field(flag): getattr(args, _field(flag)) for flag, _, _ in _HYPERPARAMETERS})
+    options = {name: getattr(args, name) for name, _, _ in _HYPERPARAMETERS}
     trainer = make_trainer(
         args.algorithm,
         manifest.observation_space,
@@ -161,22 +159,20 @@ def make_trainer(
     return trainer
 
 
-# Hyperparameters some algorithms have, each a field of their config under the flag's name.
-_HYPERPARAMETERS = (
-    ("--gamma", float, "discount"),
-    ("--gae-lambda", float, "PPO: GAE's lambda"),
-    ("--update-epochs", int, "PPO: passes over each batch"),
-    ("--num-minibatches", int, "PPO: minibatches per pass"),
-    ("--anneal-updates", int, "PPO: lr and clip fall linearly to 0 over this many updates"),
-)
-
-
-def _field(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")
-
-
 def _widths(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected widths like 64,64, got {text!r}") from None
+
+
+# Hyperparameters some algorithms have: config fields, each given as --NAME-WITH-DASHES.
+_HYPERPARAMETERS = (
+    ("hidden", _widths, "hidden layer widths, e.g. 64,64"),
+    ("lr", float, "learning rate"),
+    ("gamma", float, "discount"),
+    ("gae_lambda", float, "PPO: GAE's lambda"),
+    ("update_epochs", int, "PPO: passes over each batch"),
+    ("num_minibatches", int, "PPO: minibatches per pass"),
+    ("anneal_updates", int, "PPO: lr and clip fall linearly to 0 over this many updates"),
+)

@@ -146,10 +146,6 @@ class PolicyNetwork(nn.Module):
         self.pi = MLP(flattening.flatdim(observation_space), hidden, out_dim, activation)
         self.log_std = nn.Parameter(torch.zeros(0 if self.discrete else out_dim))
 
-    @property
-    def distribution(self) -> str:
-        return "categorical" if self.discrete else "gaussian"
-
     def log_prob_entropy(
         self, x: torch.Tensor, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,12 +159,6 @@ class PolicyNetwork(nn.Module):
         entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
         return gaussian_logp(out, log_std, actions), entropy
 
-    def export(self) -> dict[str, np.ndarray]:
-        arrays = export("pi", self.pi)
-        if not self.discrete:
-            arrays["log_std"] = self.log_std.detach().cpu().numpy().copy()
-        return arrays
-
     def checkpoint(
         self, version: int, algorithm: str, extra: dict[str, np.ndarray] | None = None
     ) -> Checkpoint:
@@ -178,7 +168,10 @@ class PolicyNetwork(nn.Module):
             self.action_space,
             hidden=self.hidden,
             activation=self.activation,
-            distribution=self.distribution,
+            distribution="categorical" if self.discrete else "gaussian",
             algorithm=algorithm,
         )
-        return Checkpoint(version, spec, {**self.export(), **(extra or {})})
+        arrays = {**export("pi", self.pi), **(extra or {})}
+        if not self.discrete:
+            arrays["log_std"] = self.log_std.detach().cpu().numpy().copy()
+        return Checkpoint(version, spec, arrays)
