@@ -80,7 +80,7 @@ def inspect_dataset(path: str | Path, plot: str | Path | None = None) -> dict[st
         },
         "schema": _schema(manifest),
         "shards": {"steps": len(steps), "episodes": len(episodes)},
-        "bytes": sum(_size(filesystem, p) for p in steps + episodes),
+        "bytes": sum(int(filesystem.get_file_info(p).size or 0) for p in steps + episodes),
         **_step_stats(step_rows),
         "episodes_table": _episode_summary(episode_rows),
         "returns": {"source": source, **_describe(returns)},
@@ -285,10 +285,6 @@ def _schema(manifest: Any) -> list[str]:
 
     step = schema.step_schema(manifest.observation_space, manifest.action_space)
     return [f"{field.name}: {field.type}" for field in step]
-
-
-def _size(filesystem: Any, path: str) -> int:
-    return int(filesystem.get_file_info(path).size or 0)
 
 
 def _iso(value: Any) -> str | None:

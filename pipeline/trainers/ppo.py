@@ -28,10 +28,9 @@ optimization", eq. 2):
   value function is fit to targets from the current critic; a slightly stale target is the
   usual price of off-policy value learning).
 
-``update(batch)`` takes rows in ``t`` order within each episode, each episode's rows contiguous:
-whole episodes, as ``InputReader(episodes=True)`` yields them, or fragments of them, as a
-follower of a live dataset reads them. A fragment that does not end its episode bootstraps from
-``V(next_observation)``, as a truncated episode does (see :mod:`pipeline.trainers.returns`).
+``update(batch)`` takes each episode's rows contiguous, in ``t`` order: whole episodes, or the
+fragments a follower of a live dataset reads; a fragment that does not end its episode bootstraps
+from ``V(next_observation)``, as a truncated episode does (:mod:`pipeline.trainers.returns`).
 """
 
 from __future__ import annotations
