@@ -98,14 +98,10 @@ class Checkpoint:
     weights: dict[str, np.ndarray] = field(repr=False)
 
 
-def checkpoint_name(version: int) -> str:
-    return f"policy-{version:08d}.npz"
-
-
 def save_checkpoint(directory: str | Path, checkpoint: Checkpoint) -> Path:
     """Write atomically, so a poller never sees half a checkpoint."""
     spec = np.frombuffer(json.dumps(checkpoint.spec.to_json()).encode(), dtype=np.uint8)
-    target = Path(directory) / checkpoint_name(checkpoint.version)
+    target = Path(directory) / f"policy-{checkpoint.version:08d}.npz"
     return save_arrays(target, {_SPEC_KEY: spec, **checkpoint.weights})
 
 
