@@ -21,6 +21,7 @@ from pipeline.trainers.networks import (
     PolicyNetwork,
     actions_tensor,
     check_action_space,
+    gradient_step,
     observations_tensor,
 )
 
@@ -72,9 +73,7 @@ class BC:
         actions = actions_tensor(self.policy.action_space, batch.actions)
         logp, entropy = self.policy.log_prob_entropy(x, actions)
         loss = -logp.mean() - self.config.ent_coef * entropy.mean()
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
+        gradient_step(self.optimizer, loss)
         self.updates += 1
         return {"loss": loss.item(), "logp": logp.mean().item(), "entropy": entropy.mean().item()}
 

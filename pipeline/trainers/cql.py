@@ -42,6 +42,7 @@ from pipeline.trainers.networks import (
     check_action_space,
     column,
     export,
+    gradient_step,
     observations_tensor,
     polyak,
     squashed_logp,
@@ -189,9 +190,7 @@ class CQL:
         td_loss = 0.5 * (q_data - target).pow(2).mean()
         penalty = (torch.logsumexp(q_all, dim=-1) - q_data).mean()  # CQL(H), eq. 4
         loss = td_loss + self.cql_alpha * penalty
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
+        gradient_step(self.optimizer, loss)
         polyak(self.q, self.q_target, c.tau)
         return {
             "loss": loss.item(),
@@ -224,9 +223,7 @@ class CQL:
         logsumexp = torch.logsumexp(q[..., 1:] - log_density, dim=-1) - math.log(3 * n)
         penalty = (logsumexp - q_data).mean(1).sum()
         loss = td_loss + self.cql_alpha * penalty
-        self.critic_optimizer.zero_grad()
-        loss.backward()
-        self.critic_optimizer.step()
+        gradient_step(self.critic_optimizer, loss)
         metrics = self._actor_alpha_step(x, a)
         polyak(self.critics, self.critics_target, c.tau)
         return {
@@ -253,13 +250,9 @@ class CQL:
         else:
             objective = self.critics(x, actions).min(0).values
         actor_loss = (alpha * logp - objective).mean()
-        self.actor_optimizer.zero_grad()
-        actor_loss.backward()
-        self.actor_optimizer.step()
+        gradient_step(self.actor_optimizer, actor_loss)
         alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-        self.alpha_optimizer.zero_grad()
-        alpha_loss.backward()
-        self.alpha_optimizer.step()
+        gradient_step(self.alpha_optimizer, alpha_loss)
         return {
             "actor_loss": actor_loss.item(),
             "alpha": alpha.item(),

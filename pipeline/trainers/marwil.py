@@ -27,6 +27,7 @@ from pipeline.trainers.networks import (
     check_action_space,
     column,
     export,
+    gradient_step,
     observations_tensor,
 )
 from pipeline.trainers.returns import discounted_returns
@@ -122,9 +123,7 @@ class MARWIL:
         policy_loss = -(weights * logp).mean()
         value_loss = 0.5 * (values - target).pow(2).mean()
         loss = policy_loss + c.vf_coef * value_loss
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
+        gradient_step(self.optimizer, loss)
         self.updates += 1
         return {
             "loss": loss.item(),

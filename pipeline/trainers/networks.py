@@ -109,6 +109,13 @@ def box_bounds(space: gym.spaces.Box) -> tuple[torch.Tensor, torch.Tensor]:
     return low, high
 
 
+def gradient_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One optimizer step down ``loss``'s gradient."""
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
 @torch.no_grad()
 def polyak(net: nn.Module, target: nn.Module, tau: float) -> None:
     """Move ``target``'s parameters a step ``tau`` towards ``net``'s (Polyak averaging)."""

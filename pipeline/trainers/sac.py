@@ -33,6 +33,7 @@ from pipeline.trainers.networks import (
     check_action_space,
     column,
     export,
+    gradient_step,
     observations_tensor,
     polyak,
     squashed_sample,
@@ -136,14 +137,10 @@ class SAC:
         alpha = self.log_alpha.exp().detach()
         actions, logp = self.sample(x)
         actor_loss = (alpha * logp - self.q(x, actions)).mean()
-        self.actor_optimizer.zero_grad()
-        actor_loss.backward()
-        self.actor_optimizer.step()
+        gradient_step(self.actor_optimizer, actor_loss)
         if self.config.autotune:
             alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-            self.alpha_optimizer.zero_grad()
-            alpha_loss.backward()
-            self.alpha_optimizer.step()
+            gradient_step(self.alpha_optimizer, alpha_loss)
         return {
             "actor_loss": actor_loss.item(),
             "alpha": alpha.item(),
@@ -153,9 +150,7 @@ class SAC:
     def update(self, batch: Batch) -> dict[str, float]:
         t = self.tensors(batch)
         critic_loss, q1 = self.critic_loss(t)
-        self.critic_optimizer.zero_grad()
-        critic_loss.backward()
-        self.critic_optimizer.step()
+        gradient_step(self.critic_optimizer, critic_loss)
         metrics = self.actor_alpha_step(t["x"])
         polyak(self.q1, self.q1_target, self.config.tau)
         polyak(self.q2, self.q2_target, self.config.tau)
