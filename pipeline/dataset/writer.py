@@ -18,7 +18,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias, cast
@@ -85,16 +85,6 @@ SYNC_MODES = ("always", "background")
 # at commit; Arrow costs ~90-230 us for a small append, ~1 us a row at 256 rows and ~0.15 at 10k
 # (docs/format.md section 8): past a few hundred rows, Arrow is the cheaper log.
 LINE_MAX_ROWS = 256
-
-
-def _as_batch(data: Columns) -> pa.RecordBatch | None:
-    """One Arrow batch of ``data`` when it is Arrow already (a table's chunks combined)."""
-    if isinstance(data, pa.RecordBatch):
-        return data
-    if isinstance(data, pa.Table):
-        batches = data.combine_chunks().to_batches() if data.num_rows else []
-        return batches[0] if len(batches) == 1 else None
-    return None
 
 
 def _as_columns(data: Columns) -> Mapping[str, Any]:
@@ -212,46 +202,26 @@ class DatasetWriter:
         batch or table; rows (mappings) become columns through
         :func:`~pipeline.format.schema.rows_to_columns`. Optional columns (agent_id, action_logp,
         policy_version, training_enabled, info, client_id, logged_at) take their defaults when
-        absent.
-
-        The writer picks the checks: an Arrow batch of exactly the step schema is checked in place
-        (:func:`~pipeline.format.checks.checked_step_batch`); a small mapping is checked value by
-        value as it becomes a log line (:mod:`pipeline.dataset.rowlog`); anything these doubt,
-        and every other append, goes through the full validation, whose error names the row and
-        field.
+        absent. A small mapping is checked value by value as it becomes a log line
+        (:mod:`pipeline.dataset.rowlog`); anything that doubts, and every other append, goes
+        through the full validation, whose error names the row and field.
 
         Raises:
             SchemaError: naming every bad row and field; nothing of this call is written.
         """
         manifest = self.manifest
-        batch = _as_batch(steps)
-        if batch is not None:
-            batch = checks.checked_step_batch(
-                batch, self.step_schema, manifest.observation_space, manifest.action_space
-            )
-        elif isinstance(steps, Mapping):
-            written = self._append_line(layout.STEPS, steps)
-            if written is not None:
-                return written
-        if batch is None:
-            batch = schema.steps_from_columns(
-                self.step_schema,
-                _as_columns(steps),
-                manifest.observation_space,
-                manifest.action_space,
-            )
-        return self._append(self._tables[layout.STEPS], batch)
+        return self._append(
+            layout.STEPS,
+            steps,
+            lambda columns: schema.steps_from_columns(
+                self.step_schema, columns, manifest.observation_space, manifest.action_space
+            ),
+        )
 
     def append_episodes(self, episodes: Columns) -> int:
         """Record ended episodes (one row each) in the episodes table; columns as for
         :meth:`append`."""
-        written = None
-        if isinstance(episodes, Mapping):
-            written = self._append_line(layout.EPISODES, episodes)
-        if written is not None:
-            return written
-        batch = schema.episodes_from_columns(_as_columns(episodes))
-        return self._append(self._tables[layout.EPISODES], batch)
+        return self._append(layout.EPISODES, episodes, schema.episodes_from_columns)
 
     def flush(self) -> None:
         """Commit everything appended so far into shards, so that readers can see it."""
@@ -279,9 +249,16 @@ class DatasetWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _append(self, table: _Table, batch: pa.RecordBatch) -> int:
+    def _append(
+        self, name: str, data: Columns, build: Callable[[Mapping[str, Any]], pa.RecordBatch]
+    ) -> int:
+        if isinstance(data, Mapping):
+            written = self._append_line(name, data)
+            if written is not None:
+                return written
+        batch = build(_as_columns(data))
         date = first_date(batch) if batch.num_rows else ""
-        return self._write(table, date, batch.num_rows, batch.serialize(), batch)
+        return self._write(self._tables[name], date, batch.num_rows, batch.serialize(), batch)
 
     def _append_line(self, name: str, given: Mapping[str, Any]) -> int | None:
         """Log a small append as one line (:mod:`pipeline.dataset.rowlog`); None when its table

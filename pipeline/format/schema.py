@@ -277,22 +277,22 @@ def _convert_float(field: pa.Field, values: Any) -> pa.Array:
 
 
 def _convert_json(field: pa.Field, values: Any) -> pa.Array:
-    """``info`` and ``reset_options`` take dicts (serialized here) or JSON text (checked here)."""
-    if isinstance(values, pa.Array | pa.ChunkedArray):
+    """``info`` and ``reset_options`` take dicts (serialized here) or JSON text (checked here).
+
+    Arrow text is checked in place: only its non-null rows are parsed (an upload's ``info`` is
+    mostly null, and listing every row cost most of validating the batch).
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array) and pa.types.is_string(values.type):
+        present = values.is_valid()
+        rows = np.flatnonzero(present.to_numpy(zero_copy_only=False))
+        for row, text in zip(rows.tolist(), values.filter(present).to_pylist(), strict=True):
+            _json_text(field.name, text, row)
+        return values
+    if isinstance(values, pa.Array):
         values = values.to_pylist()
-    texts: list[str | None] = []
-    for row, value in enumerate(values):
-        if value is None or isinstance(value, str):
-            texts.append(value)
-            if value is not None:
-                _check_json_text(field.name, value, row)
-            continue
-        try:
-            texts.append(json.dumps(value, allow_nan=False, default=json_default))
-        except (TypeError, ValueError) as error:
-            raise SchemaError.single(
-                field.name, "JSON-serializable data", str(error), row
-            ) from None
+    texts = [_json_text(field.name, value, row) for row, value in enumerate(values)]
     try:
         return pa.array(texts, type=pa.string())
     except UnicodeEncodeError as error:  # a lone surrogate: JSON text carries it, UTF-8 cannot
@@ -312,11 +312,23 @@ def _not_utf8(text: str) -> bool:
     return False
 
 
-def _check_json_text(name: str, text: str, row: int) -> None:
+def _json_text(name: str, value: Any, row: int) -> str | None:
     try:
-        json.loads(text)
+        return json_text(value)
     except json.JSONDecodeError:
-        raise SchemaError.single(name, "JSON text", repr(text[:40]), row) from None
+        raise SchemaError.single(name, "JSON text", repr(value[:40]), row) from None
+    except (TypeError, ValueError) as error:
+        raise SchemaError.single(name, "JSON-serializable data", str(error), row) from None
+
+
+def json_text(value: Any) -> str | None:
+    """An info or reset-options value as the JSON text stored (text must be JSON already)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        json.loads(value)
+        return value
+    return json.dumps(value, allow_nan=False, default=json_default)
 
 
 def json_default(value: Any) -> Any:
