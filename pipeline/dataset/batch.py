@@ -14,23 +14,13 @@ from typing import Any
 
 import numpy as np
 
-# Step-table column -> Batch field.
-FIELD_OF_COLUMN: dict[str, str] = {
-    "episode_id": "episode_ids",
-    "agent_id": "agent_ids",
-    "t": "ts",
-    "observation": "observations",
-    "action": "actions",
-    "reward": "rewards",
-    "next_observation": "next_observations",
-    "terminated": "terminateds",
-    "truncated": "truncateds",
-    "action_logp": "action_logps",
-    "policy_version": "policy_versions",
-    "training_enabled": "training_enabled",
-    "info": "infos",
-    "client_id": "client_ids",
-    "logged_at": "logged_at",
+from pipeline.format import schema
+
+# Step-table column -> Batch field: the plural, where it has one.
+_SAME = ("training_enabled", "logged_at")
+FIELD_OF_COLUMN = {
+    name: "ts" if name == "t" else name if name in _SAME else f"{name}s"
+    for name in schema.STEP_COLUMNS
 }
 COLUMN_OF_FIELD = {value: key for key, value in FIELD_OF_COLUMN.items()}
 

@@ -146,23 +146,16 @@ def _encode_box(space: Box, values: Any, path: str, problems: _Problems) -> Any:
 
 
 @_encode.register(Discrete)
-def _encode_discrete(space: Discrete, values: Any, path: str, problems: _Problems) -> Any:
-    start, end = int(space.start), int(space.start + space.n)
-    expected = f"an integer in [{start}, {end})"
-    array = _numeric(values, space, path, problems)
-    if array is not None:
-        array = _integers(array, start, end - 1, np.int64, path, problems, lambda _: expected)
-    return None if array is None else pa.array(array)
-
-
 @_encode.register(MultiDiscrete)
-def _encode_multi_discrete(
-    space: MultiDiscrete, values: Any, path: str, problems: _Problems
+def _encode_discrete(
+    space: Discrete | MultiDiscrete, values: Any, path: str, problems: _Problems
 ) -> Any:
-    start, end = space.start.astype(np.int64), (space.start + space.nvec).astype(np.int64)
+    start = np.asarray(space.start, np.int64)
+    end = start + np.asarray(space.n if isinstance(space, Discrete) else space.nvec, np.int64)
 
     def expected(at: tuple[int, ...]) -> str:
-        return f"an integer in [{start[at]}, {end[at]}) at index {at[0] if len(at) == 1 else at}"
+        index = f" at index {at[0] if len(at) == 1 else at}" if at else ""
+        return f"an integer in [{start[at]}, {end[at]}){index}"
 
     array = _numeric(values, space, path, problems)
     if array is not None:

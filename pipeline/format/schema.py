@@ -27,25 +27,6 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 END_REASONS = ("terminated", "truncated", "closed")
 
 # Columns the caller may leave out, and what they become.
-# the step table's columns, in schema order (step_schema gives their types)
-STEP_COLUMNS = (
-    "episode_id",
-    "agent_id",
-    "t",
-    "observation",
-    "action",
-    "reward",
-    "next_observation",
-    "terminated",
-    "truncated",
-    "action_logp",
-    "policy_version",
-    "training_enabled",
-    "info",
-    "client_id",
-    "logged_at",
-)
-TRANSITION_COLUMNS = STEP_COLUMNS[:11]  # what a transition is: ids, t, values, flags, behaviour
 STEP_DEFAULTS: dict[str, Any] = {
     "agent_id": layout.DEFAULT_AGENT_ID,
     "action_logp": None,
@@ -55,7 +36,6 @@ STEP_DEFAULTS: dict[str, Any] = {
     "client_id": "",
     "logged_at": None,  # the writer stamps the time of the append
 }
-REQUIRED_STEP_COLUMNS = tuple(name for name in STEP_COLUMNS if name not in STEP_DEFAULTS)
 
 EPISODE_SCHEMA = pa.schema(
     [
@@ -119,6 +99,12 @@ def step_schema(observation_space: gym.Space[Any], action_space: gym.Space[Any])
             layout.META_ACTION_SPACE: json.dumps(spaces.space_to_json(action_space)).encode(),
         },
     )
+
+
+# the step table's columns in schema order: its names do not depend on the spaces
+STEP_COLUMNS = tuple(step_schema(gym.spaces.Discrete(1), gym.spaces.Discrete(1)).names)
+TRANSITION_COLUMNS = STEP_COLUMNS[:11]  # what a transition is: ids, t, values, flags, behaviour
+REQUIRED_STEP_COLUMNS = tuple(name for name in STEP_COLUMNS if name not in STEP_DEFAULTS)
 
 
 def steps_from_columns(
