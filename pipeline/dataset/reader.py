@@ -175,13 +175,13 @@ class InputReader:
         """Arrow rows of this dataset's step table as a Batch (see ``decoding.to_batch``)."""
         return decoding.to_batch(data, self.observation_space, self.action_space)
 
-    def _convert(self, data: pa.RecordBatch | pa.Table, owned: bool = True) -> Batch:
+    def _convert(self, data: pa.RecordBatch | pa.Table) -> Batch:
         """``to_batch`` of a chunk this reader decoded, so it may share the chunk's memory.
 
         The reader converts once per scanned chunk and slices batches out of the result, so the
         per-column cost is paid per ~100k rows, not per training batch.
         """
-        return decoding.to_batch(data, self.observation_space, self.action_space, owned=owned)
+        return decoding.to_batch(data, self.observation_space, self.action_space, owned=True)
 
     def _resolve_columns(self) -> list[str]:
         wanted = self.config.columns or DEFAULT_COLUMNS
@@ -243,16 +243,6 @@ class InputReader:
             )
         yield from dataset.to_batches(columns=self.columns, filter=self.filter)
 
-    def _blocks(
-        self, chunks: Iterator[pa.RecordBatch | None], tensors: bool
-    ) -> Iterator[Batch | None]:
-        """Scanned chunks as Batches, converted once each; None still marks caught-up."""
-        for chunk in chunks:
-            if chunk is None:
-                yield None
-            elif chunk.num_rows:
-                yield self._device(self._convert(chunk)) if tensors else self._convert(chunk)
-
     def _device(self, batch: Batch) -> Batch:
         return batch.to_torch(self.config.device) if self.config.device is not None else batch
 
@@ -266,7 +256,10 @@ class InputReader:
         size, drop_last = self.config.batch_size, self.config.drop_last
         pending: list[Batch] = []
         rows = 0
-        for block in self._blocks(chunks, tensors=True):
+        for chunk in chunks:
+            if chunk is not None and not chunk.num_rows:
+                continue
+            block = None if chunk is None else self._device(self._convert(chunk))
             if block is None:
                 if rows and not drop_last:
                     yield Batch.concat(pending)
@@ -292,8 +285,12 @@ class InputReader:
     def _shuffled(
         self, chunks: Iterator[pa.RecordBatch | None], rng: np.random.Generator
     ) -> Iterator[Batch]:
+        size = self.config.batch_size
         for block in self._shuffled_blocks(chunks, rng):
-            yield from self._emit(block)
+            for part in block.split(size):
+                if len(part) < size and self.config.drop_last:
+                    break
+                yield part
 
     def _shuffled_blocks(
         self, chunks: Iterator[pa.RecordBatch | None], rng: np.random.Generator
@@ -319,13 +316,6 @@ class InputReader:
             pending, rows = (permuted.slice(rows - keep).to_batches(), keep)
         if rows:
             yield self._device(self._convert(_permute(pending, rng)))
-
-    def _emit(self, block: Batch) -> Iterator[Batch]:
-        size = self.config.batch_size
-        for part in block.split(size):
-            if len(part) < size and self.config.drop_last:
-                return
-            yield part
 
     def _episodes(
         self, chunks: Iterator[pa.RecordBatch | None], part: discovery.Part

@@ -1,22 +1,10 @@
 """Line segments of the write-ahead log: small appends, durable without Arrow.
 
-Every step a server acknowledges is in the log first, and most of its appends hold one to a few
-dozen rows. Made into an Arrow record batch and serialized, such an append costs ~90-130 us of CPU
-(~175-230 us with caches cold, as between requests): pyarrow's fixed cost per call, a third of
-a whole step. Written as one JSON line it costs ~18-46 us (1-16 rows; ~60-115 us cold), and the
-shard is built from the lines' values in bulk when the segment rolls, off the request path. From a
-few hundred rows on, Arrow is the cheaper log, and it takes any space; so the writer logs an append
-as a line only when it has at most ``writer.LINE_MAX_ROWS`` rows and every column of its table is
-a scalar or a short fixed-size list of numbers (the Box observations of simulators).
-``docs/format.md`` section 8 has the figures and the spec.
-
-A line segment is a text file: a header line (a JSON object with the table's Arrow schema as the
-base64 of its IPC message), then one line per append, a JSON object of its columns in schema order,
-each its values (timestamps as integer microseconds since the epoch, UTC; fixed-size lists as the
-base64 of their little-endian bytes; JSON-text columns as strings) or, for numbers without nulls,
-the base64 of all their bytes (no decimal text to write). Each value is carried exactly (a float
-as the shortest text that reads back as it), and a line is written with one ``write`` loop, so a
-torn tail is an incomplete last line, dropped.
+Most appends a server acknowledges hold one to a few dozen rows, and pyarrow's fixed cost per
+record batch would be a third of a step; as one JSON line such an append costs a fifth of that,
+and the shard is built from the lines' values in bulk when the segment rolls, off the request
+path. ``docs/format.md`` section 8 has the figures and the spec of the line format. A line is
+written with one ``write`` loop, so a torn tail is an incomplete last line, dropped.
 """
 
 from __future__ import annotations
@@ -75,12 +63,10 @@ class RowEncoder:
     """An append to one table (a mapping of column name to values) as checked columns and one
     log line.
 
-    Every value is checked against its column's Arrow type here, a column at a time, so that a
-    line accepted now always becomes Arrow later, at commit or in recovery (a value that JSON
-    carries but Arrow refuses would otherwise stop every later writer of the dataset): no null
-    where the schema allows none, no NaN or infinity in a float column (nor a list's), JSON
-    text that parses. What the table's values mean (spaces, ids, step indices) the writer
-    checks after (:mod:`pipeline.format.checks`). ``logged_at`` is always the writer's clock.
+    Every value is checked against its column's Arrow type here, so that a line accepted now
+    always becomes Arrow later, at commit or in recovery (a value that JSON carries but Arrow
+    refuses would otherwise stop every later writer of the dataset). What the values mean the
+    writer checks after (:mod:`pipeline.format.checks`).
     """
 
     def __init__(self, table_schema: pa.Schema) -> None:
@@ -111,9 +97,7 @@ class RowEncoder:
     def encode(self, given: Mapping[str, Any], now: int) -> tuple[CheckedColumns, bytes]:
         """An append's checked columns and its line, stamped ``now`` (microseconds since the
         epoch). A list column, and from ``_PACK_MIN`` rows a column of numbers without nulls, is
-        checked and packed at once and written as the base64 of its bytes, sparing the decimal
-        text of each value; any other column as its values. A fixed-size list column is kept as
-        one piece of bytes for the whole append.
+        written as the base64 of its bytes, sparing the decimal text of each value.
 
         Raises:
             ValueError, TypeError, KeyError: a value the checks refuse, or a missing column; the
@@ -133,7 +117,7 @@ class RowEncoder:
             )
             if packed is not None:
                 columns.append([packed] if kind == "list" else values)
-                written.append(_text(packed))
+                written.append(binascii.b2a_base64(packed, newline=False).decode())
             elif kind == "list":  # a None, lists of other sizes or mixed shapes, non-numbers
                 raise ValueError(f"column {name!r}: expected lists of {self._lists[i][1]} numbers")
             else:
@@ -142,7 +126,9 @@ class RowEncoder:
                 written.append(checked)
         columns.insert(self.logged_at, [now] * n)
         written.insert(self.logged_at, columns[self.logged_at])
-        return columns, _line({"n": n, "columns": written})
+        # orjson writes a line in a third of json's time and refuses a lone surrogate (not
+        # UTF-8); it would write NaN as null, but floats are checked finite before
+        return columns, orjson.dumps({"n": n, "columns": written}) + b"\n"
 
     def _checked(self, i: int, kind: str, required: bool, values: list[Any]) -> list[Any]:
         """One column's values checked against its type, as the segment keeps them."""
@@ -150,7 +136,8 @@ class RowEncoder:
             types = set(map(type, values))
             if not types <= _TYPES[kind] or (required and _NONE in types):
                 values = self._scalars(i, kind, required, values)
-            if kind == "int" and not _in_range(values):
+            present = [value for value in values if value is not None]
+            if kind == "int" and present and not _MIN <= min(present) <= max(present) <= _MAX:
                 raise ValueError(f"column {self.names[i]!r}: beyond int64")
             if kind == "float" and not math.isfinite(sum(v for v in values if v is not None)):
                 raise ValueError(f"column {self.names[i]!r}: NaN or infinity")
@@ -201,28 +188,6 @@ class RowEncoder:
         if not types <= _TYPES[kind]:
             raise TypeError(f"column {self.names[i]!r}: expected {kind} values")
         return values
-
-
-def _line(value: Any) -> bytes:
-    """The line of an append's checked values: orjson writes it in a third of json's time, and
-    refuses a lone surrogate (not UTF-8). (It would write NaN as null: floats are checked
-    finite before.)"""
-    return orjson.dumps(value) + b"\n"
-
-
-def _split(data: bytes, n: int) -> list[bytes]:
-    """The packed bytes of ``n`` equal-sized lists, one piece per list."""
-    step = len(data) // max(n, 1)
-    return [data[start : start + step] for start in range(0, len(data), step)]
-
-
-def _in_range(values: list[Any]) -> bool:
-    present = [value for value in values if value is not None]
-    return not present or (min(present) >= _MIN and max(present) <= _MAX)
-
-
-def _text(packed: bytes) -> str:
-    return binascii.b2a_base64(packed, newline=False).decode("ascii")
 
 
 _FLOAT_MAX = {size: float(np.finfo(f"f{size}").max) for size in (2, 4, 8)}  # by item size
@@ -371,7 +336,8 @@ def _unpacked(kind: pa.DataType, data: bytes, n: int) -> list[Any]:
     if len(data) != n * size * dtype.itemsize:
         raise ValueError(f"{len(data)} bytes for {n} values of {size} {dtype}")
     if listed:
-        return _split(data, n)
+        step = len(data) // max(n, 1)
+        return [data[start : start + step] for start in range(0, len(data), step)]
     if dtype.kind == "b" and np.frombuffer(data, np.uint8).max(initial=0) > 1:
         raise ValueError("a boolean that is neither 0 nor 1")
     values: list[Any] = np.frombuffer(data, dtype).tolist()
