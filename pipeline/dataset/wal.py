@@ -42,7 +42,7 @@ class Segment:
         self._batches: list[pa.RecordBatch] = []
         self._write_lock = threading.Lock()
         self._sync_lock = threading.Lock()
-        self._written = 0  # messages written
+        self.written = 0  # messages written: sync(written) makes all of them durable
         self.broken = False  # a write failed part way: this file takes no more messages
         self._synced = 0  # messages known durable
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
@@ -73,21 +73,16 @@ class Segment:
             if self._synced >= upto:
                 return  # another thread's fsync covered these bytes
             with self._write_lock:
-                target = self._written
+                target = self.written
                 if self._fd < 0:
                     return  # closed, and close() synced everything
             os.fsync(self._fd)
             self._synced = target
 
-    @property
-    def written(self) -> int:
-        """Messages written so far; ``sync(segment.written)`` makes all of them durable."""
-        return self._written
-
     def close(self) -> None:
         """Make everything written durable and close; later ``sync`` calls return at once."""
         with self._write_lock:
-            last = self._written
+            last = self.written
         self.sync(last)
         with self._sync_lock, self._write_lock:
             if self._fd >= 0:
@@ -107,8 +102,8 @@ class Segment:
         except BaseException:
             self.broken = True
             raise
-        self._written += 1
-        return self._written
+        self.written += 1
+        return self.written
 
 
 def claim_log_dir(base: Path, writer_id: str) -> tuple[int, Path]:

@@ -278,15 +278,9 @@ def float_box_rows(space: gym.Space[Any], rows: Sequence[Any]) -> np.ndarray | N
     """
     if not isinstance(space, Box) or space.dtype.kind != "f":
         return None
-    try:
-        batch = np.asarray(rows)
-    except (ValueError, TypeError):
-        return None
-    if batch.dtype.kind not in "biuf" or batch.shape[1:] != space.shape:
-        return None
-    with np.errstate(over="ignore", invalid="ignore"):
-        cast = batch.astype(space.dtype, copy=False)
-    return cast if np.isfinite(cast).all() else None
+    problems: _Problems = []
+    batch = _numeric(rows, space, "", problems)
+    return None if batch is None else _finite(batch, space.dtype, "", problems)
 
 
 def _leaf_array(array: np.ndarray, space: Any) -> pa.Array:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple
 
+from pipeline.dataset.batch import length
 from pipeline.format.codec import from_arrow
 from pipeline.format.spaces import split_value, subspaces, unsupported
 
@@ -37,12 +38,7 @@ flatdim.register(Tuple, lambda space: sum(flatdim(sub) for _, sub in subspaces(s
 
 
 def flatten(space: gym.Space[Any], array: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A column as float32 rows of width :func:`flatdim`, to feed a neural network.
-
-    The layout is ``gymnasium.spaces.flatten``'s (one-hot discretes, Dict in key order, Box
-    row-major), so a network built for gymnasium's flattening reads logged data unchanged; but
-    a whole column is flattened at once, not row by row.
-    """
+    """A column as float32 rows of width :func:`flatdim`, to feed a neural network."""
     out = np.zeros((len(array), flatdim(space)), np.float32)
     _flatten_into(space, from_arrow(space, array), out)
     return out
@@ -54,15 +50,9 @@ def flatten_batch(space: gym.Space[Any], batch: Any) -> np.ndarray:
     The client's numpy policy and the server's remote inference take observations as they come
     from an env, so they flatten without a round trip through Arrow.
     """
-    out = np.zeros((_batch_length(space, batch), flatdim(space)), np.float32)
+    out = np.zeros((length(batch), flatdim(space)), np.float32)
     _flatten_into(space, batch, out)
     return out
-
-
-def _batch_length(space: gym.Space[Any], batch: Any) -> int:
-    if isinstance(space, Dict | Tuple):
-        return _batch_length(subspaces(space)[0][1], split_value(space, batch)[0])
-    return len(np.asarray(batch))
 
 
 @functools.singledispatch

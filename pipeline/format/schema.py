@@ -129,11 +129,11 @@ def steps_from_columns(
 def episodes_from_columns(columns: Mapping[str, Any]) -> pa.RecordBatch:
     """Validate and build an episodes batch (one row per ended episode)."""
     batch = _build(EPISODE_SCHEMA, columns, EPISODE_DEFAULTS, {})
-    bad = pc.invert(pc.is_in(batch.column("end_reason"), value_set=pa.array(END_REASONS)))
-    if pc.any(bad).as_py():
-        row = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
-        got = batch.column("end_reason")[row].as_py()
-        raise SchemaError.single("end_reason", f"one of {list(END_REASONS)}", repr(got), row)
+    reasons = batch.column("end_reason")
+    bad = pc.invert(pc.is_in(reasons, value_set=pa.array(END_REASONS)))
+    _refuse(
+        "end_reason", bad, f"one of {list(END_REASONS)}", lambda row: repr(reasons[row].as_py())
+    )
     return batch
 
 
@@ -229,9 +229,19 @@ def _plain_column(field: pa.Field, values: Any, default: Any) -> pa.Array:
     convert = _CONVERTERS.get(field.name, _convert_generic)
     array = convert(field, values)
     if not field.nullable and array.null_count:
-        row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
-        raise SchemaError.single(field.name, f"{field.type} (not null)", "null", row)
+        _refuse(field.name, array.is_null(), f"{field.type} (not null)", lambda _: "null")
     return array
+
+
+def _refuse(
+    name: str, bad: pa.Array | np.ndarray, expected: str, got: Callable[[int], str]
+) -> None:
+    """Raise naming the first row of the mask ``bad``, if any."""
+    rows = np.flatnonzero(
+        bad if isinstance(bad, np.ndarray) else bad.to_numpy(zero_copy_only=False)
+    )
+    if len(rows):
+        raise SchemaError.single(name, expected, got(int(rows[0])), int(rows[0]))
 
 
 def _convert_generic(field: pa.Field, values: Any, from_pandas: bool = True) -> pa.Array:
@@ -256,9 +266,7 @@ def _convert_float(field: pa.Field, values: Any) -> pa.Array:
     array = _convert_generic(field, values, from_pandas=False)  # keep NaN as NaN, None as null
     data = array.to_numpy(zero_copy_only=False)
     bad = ~np.isfinite(data) & ~array.is_null().to_numpy(zero_copy_only=False)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise SchemaError.single(field.name, "finite values", str(data[row]), row)
+    _refuse(field.name, bad, "finite values", lambda row: str(data[row]))
     return array
 
 
@@ -326,19 +334,16 @@ def json_default(value: Any) -> Any:
 
 def _convert_id(field: pa.Field, values: Any) -> pa.Array:
     array = _convert_generic(field, values)
-    empty = pc.equal(pc.utf8_length(array), 0)
-    if field.name == "episode_id" and pc.any(empty).as_py():
-        row = int(np.flatnonzero(empty.to_numpy(zero_copy_only=False))[0])
-        raise SchemaError.single(field.name, "a non-empty string", "''", row)
+    if field.name == "episode_id":
+        empty = pc.equal(pc.utf8_length(array), 0)
+        _refuse(field.name, empty, "a non-empty string", lambda _: "''")
     return array
 
 
 def _convert_t(field: pa.Field, values: Any) -> pa.Array:
     array = _convert_generic(field, values)
     negative = pc.less(array, 0)
-    if pc.any(negative).as_py():
-        row = int(np.flatnonzero(negative.to_numpy(zero_copy_only=False))[0])
-        raise SchemaError.single(field.name, "a step index >= 0", str(array[row].as_py()), row)
+    _refuse(field.name, negative, "a step index >= 0", lambda row: str(array[row].as_py()))
     return array
 
 
