@@ -38,21 +38,16 @@ def to_batch(
         if name not in FIELD_OF_COLUMN:
             continue
         column = data.column(name)
-        if name in ("observation", "next_observation"):
-            value = keep(codec.from_arrow(observation_space, column), column)
-        elif name == "action":
-            value = keep(codec.from_arrow(action_space, column), column)
+        space = action_space if name == "action" else observation_space
+        if name in ("observation", "next_observation", "action"):
+            fields[FIELD_OF_COLUMN[name]] = keep(codec.from_arrow(space, column), column)
         else:
-            value = _to_numpy(column, keep)
-        fields[FIELD_OF_COLUMN[name]] = value
+            fields[FIELD_OF_COLUMN[name]] = _to_numpy(column, keep)
     return Batch(**fields)
 
 
 def _to_numpy(column: pa.Array | pa.ChunkedArray, keep: Callable[..., Any]) -> np.ndarray:
-    """Plain columns as numpy; nulls become NaN (action_logp) or -1 (policy_version).
-
-    ``keep`` (``_writable`` or ``_as_is``) decides whether numeric results may be writable views.
-    """
+    """Plain columns as numpy; nulls become NaN (action_logp) or -1 (policy_version)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_dictionary(column.type):  # ids are read dictionary-encoded: decode by index
@@ -75,12 +70,8 @@ def _as_is(value: Any, column: pa.Array | pa.ChunkedArray) -> Any:
 
 
 def _writable(value: Any, column: pa.Array | pa.ChunkedArray) -> Any:
-    """The same memory as a writable array, when it is a mutable Arrow buffer without nulls.
-
-    Arrow hands numeric columns to numpy read-only, so ``to_torch`` would copy every chunk: the
-    largest cost of a torch batch when measured. Immutable buffers (memory-mapped files, say)
-    stay read-only.
-    """
+    """The same memory as a writable array, when it is a mutable Arrow buffer without nulls
+    (immutable buffers, memory-mapped files say, stay read-only)."""
     if not isinstance(value, np.ndarray) or value.flags.writeable or value.dtype.kind not in "iuf":
         return value
     if isinstance(column, pa.ChunkedArray):

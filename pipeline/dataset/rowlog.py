@@ -148,10 +148,7 @@ class RowEncoder:
 
     def _pack(self, i: int, kind: str, values: Any, n: int) -> bytes | None:
         """A column of numbers as the little-endian bytes of its values (lists: of their
-        items), or None when it holds anything else: a list column is then refused, a scalar
-        column (nulls, numpy scalars) checked value by value. Scalars are packed by ``struct``,
-        which refuses what does not fit the type; a scalar column must be a list of Python
-        numbers of exactly the column's kind."""
+        items), or None when it holds anything else (nulls, numpy scalars, mixed types)."""
         if kind == "list":
             try:
                 raw = np.asarray(values)

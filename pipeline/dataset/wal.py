@@ -27,8 +27,6 @@ class Segment:
 
     ``write`` then ``sync`` is an acknowledged append. They are split so that the caller can
     release its own lock between them, which is what lets concurrent appends share one fsync.
-    This class writes Arrow record-batch messages; :class:`pipeline.dataset.rowlog.RowSegment`
-    writes lines through the same methods.
     """
 
     def __init__(

@@ -1,14 +1,11 @@
 """The dataset writer: validated rows in, durable acknowledgements out, shards committed behind.
 
-Durability contract: once ``append`` (or the ``flush`` after it) returns, its rows survive a
-``kill -9``; readers never see a partial file; reopening the dataset recovers every acknowledged row
-and drops torn tails; many writer processes can share one directory because each names its files
-with its own writer id. The path an append takes: validate (columnar, all problems at once), write
-one message to the write-ahead log (an Arrow batch, or for a small append of a table of scalars and
-short lists a JSON line: :mod:`pipeline.dataset.rowlog`) and fsync it (group commit across
-threads), return. A background thread rolls the log segment into a Parquet shard when it reaches
-``max_rows``, ``max_bytes`` or ``max_age_s``, renames the shard into place, then deletes the
-segment.
+Durability contract: once ``append`` returns, its rows survive a ``kill -9``; readers never see a
+partial file; reopening the dataset recovers every acknowledged row and drops torn tails; many
+writer processes can share one directory because each names its files with its own writer id. An
+append is validated, written to the write-ahead log (:mod:`pipeline.dataset.wal`) and fsynced; a
+background thread rolls the log segment into a Parquet shard, renames it into place, then deletes
+the segment.
 """
 
 from __future__ import annotations
@@ -80,10 +77,8 @@ class WriterConfig:
 SYNC_MODES = ("always", "background")
 
 
-# Appends of at most this many rows go to the log as a JSON line when their table fits one. A line
-# costs ~16 us for one row and ~0.5 us a row from 256 rows on, plus ~0.6 us a row to become Arrow
-# at commit; Arrow costs ~90-230 us for a small append, ~1 us a row at 256 rows and ~0.15 at 10k
-# (docs/format.md section 8): past a few hundred rows, Arrow is the cheaper log.
+# Appends of at most this many rows go to the log as a JSON line when their table fits one: past a
+# few hundred rows, Arrow is the cheaper log (docs/format.md section 8 has the figures).
 LINE_MAX_ROWS = 256
 
 
@@ -97,12 +92,7 @@ class _Table:
     """One table's open log segment of one kind (Arrow or lines) and what rolls it."""
 
     def __init__(
-        self,
-        name: str,
-        table_schema: pa.Schema,
-        wal_dir: Path,
-        seqs: Iterator[int],
-        lines: bool = False,
+        self, name: str, table_schema: pa.Schema, wal_dir: Path, seqs: Iterator[int], lines: bool
     ) -> None:
         self.name = name
         self.schema = table_schema
@@ -161,14 +151,11 @@ class DatasetWriter:
         self._lock_fd, wal_dir = claim_log_dir(layout.wal_root(self.root), self.writer_id)
         schemas = {layout.STEPS: step_schema, layout.EPISODES: schema.EPISODE_SCHEMA}
         seqs = {name: itertools.count() for name in schemas}
-        self._tables = {
-            name: _Table(name, table_schema, wal_dir, seqs[name])
+        self._tables = {  # (name, lines): an Arrow segment per table, and lines where they fit
+            (name, lines): _Table(name, table_schema, wal_dir, seqs[name], lines)
             for name, table_schema in schemas.items()
-        }
-        self._line_tables = {
-            name: _Table(name, table_schema, wal_dir, seqs[name], lines=True)
-            for name, table_schema in schemas.items()
-            if rowlog.fits(table_schema)
+            for lines in (False, True)
+            if not lines or rowlog.fits(table_schema)
         }
         self._wal_dir = wal_dir
         self._pending: queue.Queue[tuple[_Table, Segment, str] | None] = queue.Queue(
@@ -188,7 +175,7 @@ class DatasetWriter:
 
     @property
     def step_schema(self) -> pa.Schema:
-        return self._tables[layout.STEPS].schema
+        return self._tables[layout.STEPS, False].schema
 
     @property
     def backlog(self) -> int:
@@ -202,9 +189,7 @@ class DatasetWriter:
         batch or table; rows (mappings) become columns through
         :func:`~pipeline.format.schema.rows_to_columns`. Optional columns (agent_id, action_logp,
         policy_version, training_enabled, info, client_id, logged_at) take their defaults when
-        absent. A small mapping is checked value by value as it becomes a log line
-        (:mod:`pipeline.dataset.rowlog`); anything that doubts, and every other append, goes
-        through the full validation, whose error names the row and field.
+        absent.
 
         Raises:
             SchemaError: naming every bad row and field; nothing of this call is written.
@@ -225,7 +210,7 @@ class DatasetWriter:
 
     def flush(self) -> None:
         """Commit everything appended so far into shards, so that readers can see it."""
-        for table in self._every_table():
+        for table in self._tables.values():
             self._roll(table)
         self._pending.join()
         self._raise_if_failed()
@@ -258,13 +243,15 @@ class DatasetWriter:
                 return written
         batch = build(_as_columns(data))
         date = first_date(batch) if batch.num_rows else ""
-        return self._write(self._tables[name], date, batch.num_rows, batch.serialize(), batch)
+        return self._write(
+            self._tables[name, False], date, batch.num_rows, batch.serialize(), batch
+        )
 
     def _append_line(self, name: str, given: Mapping[str, Any]) -> int | None:
         """Log a small append as one line (:mod:`pipeline.dataset.rowlog`); None when its table
         does not fit the form, or its values are not plainly valid: the caller then takes the
         Arrow path, whose checks name the problem."""
-        table = self._line_tables.get(name)
+        table = self._tables.get((name, True))
         try:
             rows = len(next(iter(given.values()), ()))
         except TypeError:
@@ -354,7 +341,7 @@ class DatasetWriter:
         if background:
             period = min(period, self.config.sync_interval_s)
         while not self._closed.wait(period):
-            for table in self._every_table():
+            for table in self._tables.values():
                 try:
                     segment = table.segment
                     if background and segment is not None:
@@ -362,9 +349,6 @@ class DatasetWriter:
                     self._roll(table, self.config.max_age_s)
                 except BaseException as error:
                     self._failure = error
-
-    def _every_table(self) -> list[_Table]:
-        return [*self._tables.values(), *self._line_tables.values()]
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:

@@ -57,11 +57,7 @@ def to_arrow(space: gym.Space[Any], values: Any, field: str = "value") -> pa.Arr
 
 
 def to_arrow_rows(space: gym.Space[Any], rows: Sequence[Any], field: str = "value") -> pa.Array:
-    """Like :func:`to_arrow` for a list of single samples (e.g. decoded from JSON).
-
-    Raises:
-        SchemaError: listing every problem, each with the first row it concerns.
-    """
+    """Like :func:`to_arrow` for a list of single samples (e.g. decoded from JSON)."""
     problems: _Problems = []
     array = _encode_part(space, _stack(space, rows, field, problems), field, problems)
     if array is None or problems:

@@ -77,11 +77,7 @@ def split_value(space: Dict | Tuple, value: Any) -> list[Any]:
 
 @functools.singledispatch
 def space_to_json(space: gym.Space[Any]) -> dict[str, Any]:
-    """The space as a JSON-safe document, so a dataset describes itself without pickles.
-
-    Raises:
-        SpaceError: for a space type rlpipe cannot store.
-    """
+    """The space as a JSON-safe document, so a dataset describes itself without pickles."""
     raise unsupported(space)
 
 
@@ -252,11 +248,7 @@ def _bounds_from_json(value: Any, dtype: np.dtype[Any], where: str) -> np.ndarra
 
 @functools.singledispatch
 def space_to_arrow(space: gym.Space[Any]) -> pa.DataType:
-    """The Arrow type of a column holding one value of ``space`` per row (see module docstring).
-
-    Raises:
-        SpaceError: for a space type rlpipe cannot store.
-    """
+    """The Arrow type of a column holding one value of ``space`` per row (see module docstring)."""
     raise unsupported(space)
 
 
