@@ -10,6 +10,8 @@ distributed ranks by hashing row-group names, so no two readers read the same ro
 
 from __future__ import annotations
 
+import functools
+import operator
 import sys
 import time
 from collections.abc import Iterator
@@ -124,7 +126,7 @@ class InputReader:
         self.action_space = self.manifest.action_space
         self.schema = schema.step_schema(self.observation_space, self.action_space)
         self.columns = self._resolve_columns()
-        self.filter = _combine(build_filter(self.config), filter)
+        self.filter = build_filter(self.config, filter)
         self._epoch = 0
         self._stream: Iterator[Batch] | None = None
 
@@ -345,9 +347,10 @@ def _permute(chunks: list[pa.RecordBatch], rng: np.random.Generator) -> pa.Table
     return permuted
 
 
-def build_filter(config: ReaderConfig) -> ds.Expression | None:
-    """The config's filters as one expression; partition pruning rides on the ``date`` key."""
-    terms: list[ds.Expression] = []
+def build_filter(config: ReaderConfig, extra: ds.Expression | None) -> ds.Expression | None:
+    """The config's filters and ``extra`` as one expression; partition pruning rides on the
+    ``date`` key."""
+    terms = [] if extra is None else [extra]
     if config.min_policy_version is not None:
         terms.append(ds.field("policy_version") >= config.min_policy_version)
     if config.max_policy_version is not None:
@@ -365,16 +368,7 @@ def build_filter(config: ReaderConfig) -> ds.Expression | None:
     if config.until is not None:
         terms.append(ds.field("logged_at") < pa.scalar(config.until, schema.TIMESTAMP))
         terms.append(ds.field(layout.PARTITION_KEY) <= _day(config.until))
-    combined: ds.Expression | None = None
-    for term in terms:
-        combined = _combine(combined, term)
-    return combined
-
-
-def _combine(left: ds.Expression | None, right: ds.Expression | None) -> ds.Expression | None:
-    if left is None or right is None:
-        return left if right is None else right
-    return left & right
+    return functools.reduce(operator.and_, terms) if terms else None
 
 
 def _day(moment: datetime) -> str:

@@ -28,9 +28,7 @@ def leaf_paths(field: pa.Field, prefix: str = "") -> Iterator[tuple[str, pa.Data
     if pa.types.is_struct(kind):
         for index in range(kind.num_fields):
             yield from leaf_paths(kind.field(index), f"{path}.")
-    elif (
-        pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_large_list(kind)
-    ):
+    elif pa.types.is_fixed_size_list(kind):  # the only list type of the format
         yield from leaf_paths(pa.field("element", kind.value_type), f"{path}.list.")
     else:
         yield path, kind

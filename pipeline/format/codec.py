@@ -394,13 +394,9 @@ def _sample_box(space: Box, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 @_sample.register(Discrete)
-def _sample_discrete(space: Discrete, n: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.integers(int(space.start), int(space.start + space.n), n).astype(space.dtype)
-
-
 @_sample.register(MultiDiscrete)
-def _sample_multi_discrete(space: MultiDiscrete, n: int, rng: np.random.Generator) -> np.ndarray:
-    high = space.start + space.nvec
+def _sample_discrete(space: Discrete | MultiDiscrete, n: int, rng: np.random.Generator) -> Any:
+    high = space.start + (space.n if isinstance(space, Discrete) else space.nvec)
     return rng.integers(space.start, high, (n, *space.shape)).astype(space.dtype)
 
 

@@ -60,14 +60,6 @@ class Manifest:
         except KeyError as missing:
             raise DatasetError(f"{where}: missing key {missing}") from None
 
-    def same_data(self, other: Manifest) -> bool:
-        """Two writers agree when spaces and env match; creation times naturally differ."""
-        return (
-            self.observation_space == other.observation_space
-            and self.action_space == other.action_space
-            and self.env_id == other.env_id
-        )
-
 
 def check_format_version(version: object, where: str) -> None:
     if type(version) is int and version == layout.FORMAT_VERSION:  # not True, not 1.0
@@ -102,11 +94,27 @@ def read_manifest(path: str | Path) -> Manifest:
     return Manifest.from_json(doc, where)
 
 
-def create_or_check(root: str, manifest: Manifest) -> Manifest:
-    """Create the manifest atomically if absent; otherwise return the existing one if it agrees.
+def open_manifest(
+    root: str,
+    observation_space: gym.Space[Any] | None,
+    action_space: gym.Space[Any] | None,
+    env_id: str | None,
+) -> Manifest:
+    """The manifest a writer with these spaces may write under: the dataset's own when no spaces
+    are given, else a new one, or the existing one if it agrees (two writers agree when spaces
+    and env match). ``os.link`` fails when the target exists, which makes creation race-free
+    between processes.
 
-    ``os.link`` fails when the target exists, which makes creation race-free between processes.
+    Raises:
+        SpaceError: a space the format cannot store (refused before any file is made).
+        DatasetError: no manifest and no spaces, only one space, or spaces the dataset differs from.
     """
+    if observation_space is None or action_space is None:
+        if observation_space is not None or action_space is not None:
+            raise DatasetError("give both observation_space and action_space, or neither")
+        return read_manifest(root)
+    step_schema(observation_space, action_space)  # refuse bad spaces before any file
+    manifest = Manifest(observation_space, action_space, env_id)
     target = Path(root) / layout.MANIFEST
     Path(root).mkdir(parents=True, exist_ok=True)
     if not target.exists():
@@ -124,32 +132,11 @@ def create_or_check(root: str, manifest: Manifest) -> Manifest:
         finally:
             os.unlink(tmp)
     existing = read_manifest(root)
-    if not existing.same_data(manifest):
+    ours = (observation_space, action_space, env_id)
+    if (existing.observation_space, existing.action_space, existing.env_id) != ours:
         raise DatasetError(
             f"{root}: the dataset holds observation space {existing.observation_space}, action "
             f"space {existing.action_space}, env {existing.env_id!r}; this writer has "
-            f"{manifest.observation_space}, {manifest.action_space}, env {manifest.env_id!r}. "
-            "Write to a new directory."
+            f"{observation_space}, {action_space}, env {env_id!r}. Write to a new directory."
         )
     return existing
-
-
-def open_manifest(
-    root: str,
-    observation_space: gym.Space[Any] | None,
-    action_space: gym.Space[Any] | None,
-    env_id: str | None,
-) -> Manifest:
-    """The manifest a writer with these spaces may write under: the dataset's own when no spaces
-    are given, else a new one, or the existing one if it agrees.
-
-    Raises:
-        SpaceError: a space the format cannot store (refused before any file is made).
-        DatasetError: no manifest and no spaces, only one space, or spaces the dataset differs from.
-    """
-    if observation_space is None or action_space is None:
-        if observation_space is not None or action_space is not None:
-            raise DatasetError("give both observation_space and action_space, or neither")
-        return read_manifest(root)
-    step_schema(observation_space, action_space)  # refuse bad spaces before any file
-    return create_or_check(root, Manifest(observation_space, action_space, env_id))
