@@ -397,7 +397,7 @@ def _sample_box(space: Box, n: int, rng: np.random.Generator) -> np.ndarray:
 @_sample.register(MultiDiscrete)
 def _sample_discrete(space: Discrete | MultiDiscrete, n: int, rng: np.random.Generator) -> Any:
     high = space.start + (space.n if isinstance(space, Discrete) else space.nvec)
-    return rng.integers(space.start, high, (n, *space.shape)).astype(space.dtype)
+    return rng.integers(space.start, high, (n, *np.shape(space.start))).astype(space.dtype)
 
 
 @_sample.register(MultiBinary)

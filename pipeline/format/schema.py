@@ -233,15 +233,11 @@ def _plain_column(field: pa.Field, values: Any, default: Any) -> pa.Array:
     return array
 
 
-def _refuse(
-    name: str, bad: pa.Array | np.ndarray, expected: str, got: Callable[[int], str]
-) -> None:
+def _refuse(name: str, bad: pa.Array, expected: str, got: Callable[[int], str]) -> None:
     """Raise naming the first row of the mask ``bad``, if any."""
-    rows = np.flatnonzero(
-        bad if isinstance(bad, np.ndarray) else bad.to_numpy(zero_copy_only=False)
-    )
-    if len(rows):
-        raise SchemaError.single(name, expected, got(int(rows[0])), int(rows[0]))
+    row = pc.index(bad, True).as_py()
+    if row >= 0:
+        raise SchemaError.single(name, expected, got(row), row)
 
 
 def _convert_generic(field: pa.Field, values: Any, from_pandas: bool = True) -> pa.Array:
@@ -266,7 +262,7 @@ def _convert_float(field: pa.Field, values: Any) -> pa.Array:
     array = _convert_generic(field, values, from_pandas=False)  # keep NaN as NaN, None as null
     data = array.to_numpy(zero_copy_only=False)
     bad = ~np.isfinite(data) & ~array.is_null().to_numpy(zero_copy_only=False)
-    _refuse(field.name, bad, "finite values", lambda row: str(data[row]))
+    _refuse(field.name, pa.array(bad), "finite values", lambda row: str(data[row]))
     return array
 
 
