@@ -17,7 +17,7 @@ import struct
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -35,25 +35,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def fits(table_schema: pa.Schema) -> bool:
     """Whether every column is a scalar or a fixed-size list of at most ``MAX_LIST`` numbers."""
-    return all(_fits(field.type) for field in table_schema)
-
-
-def _fits(kind: pa.DataType) -> bool:
-    if pa.types.is_fixed_size_list(kind):
-        value = kind.value_type
-        return kind.list_size <= MAX_LIST and (
-            pa.types.is_integer(value) or pa.types.is_floating(value)
-        )
-    return any(
-        test(kind)
-        for test in (
-            pa.types.is_integer,
-            pa.types.is_floating,
-            pa.types.is_boolean,
-            pa.types.is_string,
-            pa.types.is_timestamp,
-        )
-    )
+    return all(_kind(field.type) for field in table_schema)
 
 
 CheckedColumns = list[list[Any]]  # an append's checked values, column by column in schema order
@@ -76,7 +58,7 @@ class RowEncoder:
             (
                 i,
                 field.name,
-                "text" if field.name in _TEXTS else _kind(field.type),
+                "text" if field.name in _TEXTS else cast(str, _kind(field.type)),
                 not field.nullable,
             )
             for i, field in enumerate(table_schema)
@@ -209,16 +191,25 @@ _TYPES: dict[str, set[type]] = {
 _MIN, _MAX = -(2**63), 2**63 - 1  # int64
 
 
-def _kind(kind: pa.DataType) -> str:
+def _kind(kind: pa.DataType) -> str | None:
+    """How the log carries a column's values; None for a type it does not carry."""
     if pa.types.is_fixed_size_list(kind):
-        return "list"
-    if pa.types.is_timestamp(kind):
-        return "time"
-    if pa.types.is_string(kind):
-        return "str"
-    if pa.types.is_boolean(kind):
-        return "bool"
-    return "int" if pa.types.is_integer(kind) else "float"
+        value = kind.value_type
+        number = pa.types.is_integer(value) or pa.types.is_floating(value)
+        return "list" if number and kind.list_size <= MAX_LIST else None
+    for name, test in _KINDS.items():
+        if test(kind):
+            return name
+    return None
+
+
+_KINDS = {
+    "time": pa.types.is_timestamp,
+    "str": pa.types.is_string,
+    "bool": pa.types.is_boolean,
+    "int": pa.types.is_integer,
+    "float": pa.types.is_floating,
+}
 
 
 def micros(moment: datetime) -> int:
