@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -286,20 +287,11 @@ def _convert_json(field: pa.Field, values: Any) -> pa.Array:
     try:
         return pa.array(texts, type=pa.string())
     except UnicodeEncodeError as error:  # a lone surrogate: JSON text carries it, UTF-8 cannot
-        row = next(
-            i
-            for i, text in enumerate(texts)
-            if text is not None and not text.isascii() and _not_utf8(text)
-        )
+        row = next(i for i, text in enumerate(texts) if text and _SURROGATE.search(text))
         raise SchemaError.single(field.name, "UTF-8 text", error.reason, row) from None
 
 
-def _not_utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return True
-    return False
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, always lone: UTF-8 cannot encode it
 
 
 def _json_text(name: str, value: Any, row: int) -> str | None:
