@@ -32,7 +32,7 @@ def to_batch(
     its mutable buffers, and ``to_torch`` shares them instead of copying (measured on CartPole
     chunks: the copies were the largest cost of a torch batch).
     """
-    keep = _writable if owned else _as_is
+    keep = _writable if owned else lambda value, column: value
     fields: dict[str, Any] = {}
     for name in data.schema.names:
         if name not in FIELD_OF_COLUMN:
@@ -63,10 +63,6 @@ def _to_numpy(column: pa.Array | pa.ChunkedArray, keep: Callable[..., Any]) -> n
             return np.full(len(column), fill, dtype=column.type.to_pandas_dtype())
         column = pc.fill_null(column, fill)
     return keep(column.to_numpy(zero_copy_only=False), column)
-
-
-def _as_is(value: Any, column: pa.Array | pa.ChunkedArray) -> Any:
-    return value
 
 
 def _writable(value: Any, column: pa.Array | pa.ChunkedArray) -> Any:

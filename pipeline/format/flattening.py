@@ -39,9 +39,7 @@ flatdim.register(Tuple, lambda space: sum(flatdim(sub) for _, sub in subspaces(s
 
 def flatten(space: gym.Space[Any], array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A column as float32 rows of width :func:`flatdim`, to feed a neural network."""
-    out = np.zeros((len(array), flatdim(space)), np.float32)
-    _flatten_into(space, from_arrow(space, array), out)
-    return out
+    return flatten_batch(space, from_arrow(space, array))
 
 
 def flatten_batch(space: gym.Space[Any], batch: Any) -> np.ndarray:
