@@ -87,7 +87,7 @@ def _step_routes(app: Flask, service: Service) -> None:
     for route in routes.ROUTES:
 
         def view(route: routes.Route = route, episode_id: str = "") -> tuple[Response, int]:
-            incoming = routes.Incoming(
+            incoming = handlers.Incoming(
                 _raw_body(),
                 request.content_type,
                 request.remote_addr,

@@ -1,6 +1,7 @@
-"""What each step and upload resource does with a parsed request, apart from any web framework.
+"""What each step and upload resource does with a request, apart from any web framework.
 
-The Flask routes (:mod:`server.app`) and the WSGI fast path (:mod:`server.wsgi`) both call these,
+The Flask routes (:mod:`server.app`) and the WSGI fast path (:mod:`server.wsgi`) both call these
+through the route table (:mod:`server.routes`),
 so the two answer every request, good or bad, the same way. Every step request, whatever its
 form, becomes one :class:`~server.stepper.Request` (:mod:`server.requests`) and takes the one
 step pass (:mod:`server.stepper`). ``counts.steps`` is set as soon as the number of steps in the
@@ -13,6 +14,7 @@ import hmac
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -32,16 +34,29 @@ from server.messages import (
     optional_bool,
     optional_int,
 )
-from server.requests import ACT, END, LOG
 from server.service import Service
 from server.stepper import Answer, Request
 from server.uploads import json_table, parse_seq, read_arrow
 
-VERBS = (ACT, LOG, END)
+Reply = tuple[Any, int]  # the JSON answer and its status
 
 
 class Counts(Protocol):
     steps: int
+
+
+@dataclass
+class Incoming:
+    """One request, as either front end hands it to a handler."""
+
+    body: bytes
+    content_type: str | None
+    remote_addr: str | None
+    header: Callable[[str], str | None]
+    episode_id: str = ""
+
+    def json(self) -> dict[str, Any]:
+        return parse_json(self.body, self.content_type)
 
 
 def guard(
@@ -64,17 +79,16 @@ def guard(
         )
 
 
-def start_episode(
-    service: Service, doc: dict[str, Any], remote_addr: str | None, counts: Counts
-) -> tuple[dict[str, Any], int]:
+def start_episode(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     """Open (or, for a retry, find) an episode; 201 when created, 200 when it was open."""
     counts.steps = 0
+    doc = incoming.json()
     episode_id = doc.get("episode_id")
     episode = _episode(
         service,
         episode_id_of(episode_id) if episode_id is not None else secrets.token_hex(8),
         doc,
-        remote_addr,
+        incoming.remote_addr,
     )
     episode, created = service.episodes.start(episode)
     return {"episode_id": episode.episode_id}, 201 if created else 200
@@ -93,36 +107,31 @@ def _episode(
     )
 
 
-def episode_step(
-    service: Service, episode_id: str, verb: str, doc: dict[str, Any], counts: Counts
-) -> Answer:
+def episode_step(verb: str, service: Service, incoming: Incoming, counts: Counts) -> Reply:
     """get_action, log_action or end_episode for one episode."""
     counts.steps = 1
     request = requests.one_episode(
-        doc, episode_id, verb, service.observation_space, service.action_space
+        incoming.json(), incoming.episode_id, verb, service.observation_space, service.action_space
     )
     counts.steps = len(request.steps)
-    return _run(service, request, [None])[0]
+    return _run(service, request, [None])[0], 200
 
 
-def log_returns(
-    service: Service, episode_id: str, doc: dict[str, Any], counts: Counts
-) -> dict[str, Any]:
+def log_returns(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     counts.steps = 1
-    episode = service.episodes.get(episode_id)
-    returns = requests.returns_of(doc)
+    episode = service.episodes.get(incoming.episode_id)
+    returns = requests.returns_of(incoming.json())
     with episode.lock:
         if episode.ended:
-            raise ApiError(409, ended_message(episode_id))
+            raise ApiError(409, ended_message(incoming.episode_id))
         episode.add_returns(returns)
-    return {"episode_id": episode_id}
+    return {"episode_id": incoming.episode_id}, 200
 
 
-def batch_step(
-    service: Service, doc: dict[str, Any], remote_addr: str | None, counts: Counts
-) -> dict[str, Any]:
+def batch_step(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     """The batch forms: many episodes' observations in one request, many actions back."""
     counts.steps = 1
+    doc, remote_addr = incoming.json(), incoming.remote_addr
     space, action_space = service.observation_space, service.action_space
     if "episode_ids" in doc:
         request, starts = requests.columns(doc, space, action_space)
@@ -133,10 +142,10 @@ def batch_step(
             "actions": [answer.get("action") for answer in answers],
             "action_logp": [answer.get("action_logp") for answer in answers],
             "policy_version": versions[0] if versions else None,
-        }
+        }, 200
     request, starts = requests.entries(doc, space, action_space)
     counts.steps = len(request.steps)
-    return {"episodes": _run(service, request, starts, remote_addr)}
+    return {"episodes": _run(service, request, starts, remote_addr)}, 200
 
 
 def _run(
@@ -191,34 +200,27 @@ def late_replay(service: Service, error: ApiError, request: Request) -> list[Ans
     raise error
 
 
-def upload(
-    service: Service,
-    header: Callable[[str], str | None],
-    content_type: str | None,
-    body: bytes,
-    counts: Counts,
-) -> dict[str, Any]:
+def upload(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     """A local-inference client's numbered batch (Arrow IPC or JSON), stored once."""
-    client_id = header("X-Rlpipe-Client") or ""
+    client_id = incoming.header("X-Rlpipe-Client") or ""
     if not client_id:
         raise errors.bad_request("X-Rlpipe-Client", "the client's id", "nothing")
-    seq = parse_seq(header("X-Rlpipe-Upload"))
-    media_type = (content_type or "").split(";")[0].strip()
-    if media_type == ARROW_TYPE:
-        table_name = header("X-Rlpipe-Table")
+    seq = parse_seq(incoming.header("X-Rlpipe-Upload"))
+    if (incoming.content_type or "").split(";")[0].strip() == ARROW_TYPE:
+        table_name = incoming.header("X-Rlpipe-Table")
         table_name = layout.STEPS if table_name is None else table_name
         if table_name not in layout.TABLES:
             raise errors.bad_request(
                 "X-Rlpipe-Table", f"one of {list(layout.TABLES)}", repr(table_name)
             )
-        tables = {table_name: read_arrow(body)}
+        tables = {table_name: read_arrow(incoming.body)}
     else:
-        tables = _json_tables(service, parse_json(body, content_type))
+        tables = _json_tables(service, incoming.json())
     counts.steps = tables[layout.STEPS].num_rows if layout.STEPS in tables else 0
     service.check_backlog()
     result = service.uploads.store(client_id, seq, tables)
     service.metrics.accepted(result["stored"].get(layout.STEPS, 0))
-    return result
+    return result, 200
 
 
 def _json_tables(service: Service, doc: dict[str, Any]) -> dict[str, pa.Table]:

@@ -1,9 +1,9 @@
 """The OpenAPI 3.1 document of ``/v1``: the contract a client can be generated from.
 
-Written by hand beside the routes it describes, with the schemas of :mod:`server.schemas`. A test
-walks every route of the app and checks it appears here, and a fuzz test
-(``tests/test_openapi_fuzz.py``) sends bodies made from these schemas, and mutations of them, and
-checks that every answer is a status listed here with a body that matches its schema.
+Its step and upload paths are those of the route table (:data:`server.routes.ROUTES`), its schemas
+those of :mod:`server.schemas`. A test walks every route of the app and checks it appears here, and
+a fuzz test (``tests/test_openapi_fuzz.py``) sends bodies made from these schemas, and mutations
+of them, and checks that every answer is a status listed here with a body that matches its schema.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from server import routes
 from server.bodies import MAX_DEPTH
 from server.schemas import ID, INT64, named_schemas, object_schema, ref
 
@@ -38,7 +39,62 @@ _VERSION_HEADER = {
     }
 }
 _TEXT = {"schema": {"type": "string"}}
+_BINARY = {"type": "string", "format": "binary"}
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+
+
+# endpoint of server.routes.ROUTES: summary, request body, answer, and the answers beside 400
+# and 401 (and 413 and 415, as every one takes a body), the first one the success
+_STEPS = ("200", "404", "409", "503")
+_OPERATIONS = {
+    "start_episode": (
+        "Start an episode (idempotent for a client-named episode_id).",
+        ref("Start"),
+        ref("Started"),
+        ("201", "200", "409"),
+    ),
+    "get_action": (
+        "Remote inference: the action for an observation (the reward was earned by the "
+        "previous action).",
+        ref("Step"),
+        ref("Acted"),
+        _STEPS,
+    ),
+    "log_action": (
+        "Record an action the client chose ('action', or 'actions' keyed by agent id).",
+        ref("LoggedStep"),
+        ref("Acted"),
+        _STEPS,
+    ),
+    "end_episode": (
+        "End the episode with its last observation ('truncated': true for a time limit).",
+        ref("EndStep"),
+        ref("Ended"),
+        _STEPS,
+    ),
+    "log_returns": (
+        "Add rewards to the pending step.",
+        ref("Returns"),
+        ref("ReturnsTaken"),
+        ("200", "404", "409"),
+    ),
+    "get_actions": (
+        "Batch form: many episodes' steps in one request, columnar or one entry per episode. "
+        "An entry with a start opens its episode; one with terminated or truncated ends it. "
+        "A batch sent again whole is answered again.",
+        {"oneOf": [ref("BatchColumns"), ref("BatchEpisodes")]},
+        {"oneOf": [ref("BatchColumnsActed"), ref("BatchEpisodesActed")]},
+        _STEPS,
+    ),
+    "upload": (
+        "Local inference: store a batch of finished rows (one Arrow IPC stream of the table "
+        "X-Rlpipe-Table, or JSON rows of both tables), once per (X-Rlpipe-Client, "
+        "X-Rlpipe-Upload).",
+        ref("UploadRows"),
+        ref("Uploaded"),
+        ("200", "503"),
+    ),
+}
 
 
 def _json(schema: Any) -> dict[str, Any]:
@@ -46,25 +102,21 @@ def _json(schema: Any) -> dict[str, Any]:
 
 
 def _op(
-    summary: str,
-    body: Any = None,
-    answer: Any = None,
-    ok: str = "200",
-    errors: tuple[str, ...] = (),
+    summary: str, body: Any = None, answer: Any = None, statuses: tuple[str, ...] = ("200",)
 ) -> dict[str, Any]:
-    """An operation; every one may be refused with 400 and 401, one with a body also with 413
-    and 415 (``errors`` adds other answers)."""
-    success: dict[str, Any] = {"description": "success"}
-    if answer is not None:
-        success["content"] = answer
-    responses: dict[str, Any] = {ok: success}
+    """An operation answered with ``statuses`` (the first is the success, every 2xx carries
+    ``answer``), 400 and 401, and with 413 and 415 when it takes a ``body``."""
+    responses: dict[str, Any] = {statuses[0]: {"description": "success"}}
     with_body = ("413", "415") if body is not None else ()
-    for status in sorted({"400", "401", *with_body, *errors}):
+    for status in sorted({"400", "401", *with_body, *statuses[1:]}):
         responses[status] = {"description": _ANSWERS[status]}
         if int(status) >= 400:
             responses[status]["content"] = _json(ref("Error"))
         if status == "503":
             responses[status]["headers"] = _RETRY_AFTER
+    for status, response in responses.items():
+        if answer is not None and int(status) < 300:
+            response["content"] = answer
     op: dict[str, Any] = {"summary": summary, "responses": responses}
     if body is not None:
         op["requestBody"] = {"required": True, "content": body}
@@ -72,88 +124,25 @@ def _op(
 
 
 def _paths() -> dict[str, Any]:
-    with_id = {"parameters": [{"name": "episode_id", "in": "path", "required": True, "schema": ID}]}
-    step_errors = ("404", "409", "503")
-    start = _op(
-        "Start an episode (idempotent for a client-named episode_id).",
-        _json(ref("Start")),
-        _json(ref("Started")),
-        "201",
-        ("200", "409"),
-    )
-    start["responses"]["200"]["content"] = _json(ref("Started"))
+    paths: dict[str, Any] = {}
+    for route in routes.ROUTES:  # the routes both front ends answer
+        summary, body, answer, statuses = _OPERATIONS[route.endpoint]
+        paths[route.template] = {"post": _op(summary, _json(body), _json(answer), statuses)}
+        if "{episode_id}" in route.template:
+            paths[route.template]["parameters"] = [
+                {"name": "episode_id", "in": "path", "required": True, "schema": ID}
+            ]
+    upload = paths["/v1/uploads"]["post"]
+    upload["requestBody"]["content"][_ARROW] = {"schema": _BINARY}
+    upload["parameters"] = _upload_headers()
     return {
-        "/v1/episodes": {"post": start},
-        "/v1/episodes/{episode_id}/actions": {
-            **with_id,
-            "post": _op(
-                "Remote inference: the action for an observation (the reward was earned by the "
-                "previous action).",
-                _json(ref("Step")),
-                _json(ref("Acted")),
-                errors=step_errors,
-            ),
-        },
-        "/v1/episodes/{episode_id}/logged-actions": {
-            **with_id,
-            "post": _op(
-                "Record an action the client chose ('action', or 'actions' keyed by agent id).",
-                _json(ref("LoggedStep")),
-                _json(ref("Acted")),
-                errors=step_errors,
-            ),
-        },
-        "/v1/episodes/{episode_id}/returns": {
-            **with_id,
-            "post": _op(
-                "Add rewards to the pending step.",
-                _json(ref("Returns")),
-                _json(ref("ReturnsTaken")),
-                errors=("404", "409"),
-            ),
-        },
-        "/v1/episodes/{episode_id}/end": {
-            **with_id,
-            "post": _op(
-                "End the episode with its last observation ('truncated': true for a time limit).",
-                _json(ref("EndStep")),
-                _json(ref("Ended")),
-                errors=step_errors,
-            ),
-        },
-        "/v1/actions": {
-            "post": _op(
-                "Batch form: many episodes' steps in one request, columnar or one entry per "
-                "episode. An entry with a start opens its episode; one with terminated or "
-                "truncated ends it. A batch sent again whole is answered again.",
-                _json({"oneOf": [ref("BatchColumns"), ref("BatchEpisodes")]}),
-                _json({"oneOf": [ref("BatchColumnsActed"), ref("BatchEpisodesActed")]}),
-                errors=step_errors,
-            )
-        },
-        "/v1/uploads": {
-            "post": {
-                **_op(
-                    "Local inference: store a batch of finished rows (one Arrow IPC stream of "
-                    "the table X-Rlpipe-Table, or JSON rows of both tables), once per "
-                    "(X-Rlpipe-Client, X-Rlpipe-Upload).",
-                    {
-                        _ARROW: {"schema": {"type": "string", "format": "binary"}},
-                        **_json(ref("UploadRows")),
-                    },
-                    _json(ref("Uploaded")),
-                    errors=("503",),
-                ),
-                "parameters": _upload_headers(),
-            }
-        },
+        **paths,
         "/v1/weights": {"get": _weights()},
         "/v1/spaces": {
             "get": _op(
                 "Observation and action spaces as JSON.",
                 answer=_json(
                     object_schema(
-                        ["observation_space", "action_space", "env_id"],
                         observation_space={"type": "object"},
                         action_space={"type": "object"},
                         env_id={"type": ["string", "null"]},
@@ -209,8 +198,8 @@ def _upload_headers() -> list[dict[str, Any]]:
 def _weights() -> dict[str, Any]:
     op = _op(
         "The newest checkpoint as .npz bytes (numpy arrays, read with allow_pickle=False).",
-        answer={_NPZ: {"schema": {"type": "string", "format": "binary"}}},
-        errors=("304", "404"),
+        answer={_NPZ: {"schema": _BINARY}},
+        statuses=("200", "304", "404"),
     )
     op["parameters"] = [
         {
@@ -228,14 +217,6 @@ def _weights() -> dict[str, Any]:
 
 def _health() -> dict[str, Any]:
     return object_schema(
-        [
-            "status",
-            "policy_version",
-            "acting_at_random",
-            "refused_checkpoint",
-            "open_episodes",
-            "queue_depth",
-        ],
         status={"const": "ok"},
         policy_version={"type": ["integer", "null"]},
         acting_at_random={"type": "boolean"},

@@ -22,7 +22,9 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def object_schema(required: list[str], **properties: Any) -> dict[str, Any]:
+def object_schema(required: list[str] | None = None, **properties: Any) -> dict[str, Any]:
+    """An object of ``properties``, of which ``required`` (by default all) must be given."""
+    required = list(properties) if required is None else required
     return {"type": "object", "required": required, "properties": properties}
 
 
@@ -31,6 +33,9 @@ def _keyed(schema: Any) -> dict[str, Any]:
     return {"type": "object", "propertyNames": {"minLength": 1}, "additionalProperties": schema}
 
 
+_BOOL = {"type": "boolean"}
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
 _FINITE = {"type": "number", "minimum": -1.7976931348623157e308, "maximum": 1.7976931348623157e308}
 INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
 ID = {"type": "string", "minLength": 1, "maxLength": 200, "not": {"enum": [".", ".."]}}
@@ -44,6 +49,9 @@ _INFO = {
     "description": "stored as JSON text; the server also takes any JSON value, but a string "
     "must hold JSON text",
 }
+_TRUNCATED = {"type": "boolean", "description": "true for a time limit; else terminated"}
+_LOGP = {"type": ["number", "null"], "description": "null when acting at random"}
+_VERSION = {"type": ["integer", "null"], "description": "the checkpoint that acted"}
 
 
 @functools.singledispatch
@@ -86,11 +94,10 @@ def _multi_discrete(space: MultiDiscrete) -> dict[str, Any]:
 
 
 def _per_index(low: np.ndarray, high: np.ndarray) -> dict[str, Any]:
-    """Integers bounded index by index: arrays of exactly their items (``prefixItems``)."""
+    """Integers bounded index by index."""
     if low.ndim == 0:
         return {"type": "integer", "minimum": int(low), "maximum": int(high)}
-    parts = [_per_index(lo, hi) for lo, hi in zip(low, high, strict=True)]
-    return {"type": "array", "prefixItems": parts, "items": False, "minItems": len(parts)}
+    return _prefixed([_per_index(lo, hi) for lo, hi in zip(low, high, strict=True)])
 
 
 @space_schema.register(MultiBinary)
@@ -106,36 +113,39 @@ def _dict(space: Dict) -> dict[str, Any]:
 
 @space_schema.register(Tuple)
 def _tuple(space: Tuple) -> dict[str, Any]:
-    parts = [space_schema(part) for part in space.spaces]
+    return _prefixed([space_schema(part) for part in space.spaces])
+
+
+def _prefixed(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "array", "prefixItems": parts, "items": False, "minItems": len(parts)}
+
+
+def _forms(
+    required: list[str],
+    fields: dict[str, Any],
+    shared: dict[str, Any] | None = None,
+    multi_required: list[str] | None = None,
+) -> dict[str, Any]:
+    """A body's single-agent form and its multi-agent twin, in which each of ``fields`` is keyed
+    by agent id under its plural name, beside ``dones``; ``shared`` fields are in both."""
+    shared = shared or {}
+    plural = {f"{name}s": _keyed(schema) for name, schema in fields.items()}
+    if multi_required is None:
+        multi_required = [f"{name}s" if name in fields else name for name in required]
+    single = object_schema(required, **fields, **shared)
+    multi = object_schema(multi_required, **plural, dones=_keyed(_BOOL), **shared)
+    return {"anyOf": [single, multi]}
 
 
 def named_schemas(
     observation_space: gym.Space[Any], action_space: gym.Space[Any]
 ) -> dict[str, Any]:
     """The named schemas of requests and answers, for a server of these spaces."""
-    single = {
-        "observation": ref("Observation"),
-        "reward": _FINITE,
-        "info": _INFO,
-        "request": _REQUEST,
-    }
-    multi = {
-        "observations": _keyed(ref("Observation")),
-        "rewards": _keyed(_FINITE),
-        "infos": _keyed(_INFO),
-        "dones": _keyed({"type": "boolean"}),
-        "request": _REQUEST,
-    }
-    truncated = {"type": "boolean", "description": "true for a time limit; else terminated"}
-    logp = {"type": ["number", "null"], "description": "null when acting at random"}
-    version = {"type": ["integer", "null"], "description": "the checkpoint that acted"}
+    step = {"observation": ref("Observation"), "reward": _FINITE, "info": _INFO}
+    numbered = {"request": _REQUEST}
     return {
         "Error": object_schema(
-            ["error"],
-            error=object_schema(
-                ["status", "message"], status={"type": "integer"}, message={"type": "string"}
-            ),
+            error=object_schema(status=_INTEGER, message=_STRING),
         ),
         "Observation": space_schema(observation_space),
         "Action": space_schema(action_space),
@@ -143,7 +153,7 @@ def named_schemas(
             **object_schema(
                 [],
                 episode_id=ID,
-                training_enabled={"type": "boolean"},
+                training_enabled=_BOOL,
                 seed=INT64,
                 options=_INFO,
                 client_id={"type": ["string", "null"], "maxLength": 200},
@@ -151,148 +161,97 @@ def named_schemas(
             "description": "Every field may be left out; the server names an episode left "
             "unnamed, and a client_id left out is the caller's address.",
         },
-        "Started": object_schema(["episode_id"], episode_id={"type": "string"}),
-        "Step": {
-            "anyOf": [
-                object_schema(["observation"], **single),
-                object_schema(["observations"], **multi),
-            ]
-        },
-        "LoggedStep": {
-            "anyOf": [
-                object_schema(["observation", "action"], action=ref("Action"), **single),
-                object_schema(["observations", "actions"], actions=_keyed(ref("Action")), **multi),
-            ]
-        },
-        "EndStep": {
-            "anyOf": [
-                object_schema(["observation"], truncated=truncated, **single),
-                object_schema(["observations"], truncated=truncated, **multi),
-            ]
-        },
-        "Returns": {
-            "anyOf": [
-                object_schema([], reward=_FINITE, info=_INFO),
-                object_schema(
-                    ["rewards"],
-                    rewards=_keyed(_FINITE),
-                    infos=_keyed(_INFO),
-                    dones=_keyed({"type": "boolean"}),
-                ),
-            ]
-        },
+        "Started": object_schema(episode_id=_STRING),
+        "Step": _forms(["observation"], step, numbered),
+        "LoggedStep": _forms(
+            ["observation", "action"], {**step, "action": ref("Action")}, numbered
+        ),
+        "EndStep": _forms(["observation"], step, {**numbered, "truncated": _TRUNCATED}),
+        "Returns": _forms([], {"reward": _FINITE, "info": _INFO}, multi_required=["rewards"]),
         "Acted": {
             "anyOf": [
                 object_schema(
-                    ["episode_id", "action", "action_logp", "policy_version"],
-                    episode_id={"type": "string"},
+                    episode_id=_STRING,
                     action={"description": "null after an end"},
-                    action_logp=logp,
-                    policy_version=version,
+                    action_logp=_LOGP,
+                    policy_version=_VERSION,
                 ),
                 object_schema(
-                    ["episode_id", "actions", "action_logp", "policy_version"],
-                    episode_id={"type": "string"},
+                    episode_id=_STRING,
                     actions=_keyed({}),
-                    action_logp=_keyed(logp),
-                    policy_version=version,
+                    action_logp=_keyed(_LOGP),
+                    policy_version=_VERSION,
                 ),
             ]
         },
-        "Ended": object_schema(
-            ["episode_id", "ended"], episode_id={"type": "string"}, ended={"const": True}
-        ),
-        "ReturnsTaken": object_schema(["episode_id"], episode_id={"type": "string"}),
-        **_batch_schemas(truncated, logp, version),
+        "Ended": object_schema(episode_id=_STRING, ended={"const": True}),
+        "ReturnsTaken": object_schema(episode_id=_STRING),
+        **_batch_schemas(step),
         **_upload_schemas(),
     }
 
 
-def _batch_schemas(truncated: Any, logp: Any, version: Any) -> dict[str, Any]:
-    def column(items: Any) -> dict[str, Any]:
-        return {"type": "array", "items": items}
+def _column(items: Any, **more: Any) -> dict[str, Any]:
+    return {"type": "array", "items": items, **more}
 
-    entry = {
-        "episode_id": ID,
-        "observation": ref("Observation"),
-        "reward": _FINITE,
-        "terminated": {"type": "boolean"},
-        "truncated": truncated,
-        "info": _INFO,
-        "request": _REQUEST,
-        "start": {
-            "anyOf": [ref("Start"), {"type": "boolean"}],
-            "description": "opens the episode first (true: with defaults)",
-        },
+
+def _batch_schemas(step: dict[str, Any]) -> dict[str, Any]:
+    start = {
+        "anyOf": [ref("Start"), _BOOL],
+        "description": "opens the episode first (true: with defaults)",
     }
-    multi = {k: v for k, v in entry.items() if k not in ("observation", "reward", "info")}
-    multi.update(
-        observations=_keyed(ref("Observation")), rewards=_keyed(_FINITE), infos=_keyed(_INFO)
-    )
+    entry = {"episode_id": ID, "terminated": _BOOL, "truncated": _TRUNCATED, "request": _REQUEST}
     return {
         "BatchColumns": {
             **object_schema(
                 ["episode_ids", "observations"],
-                episode_ids={**column(ID), "minItems": 1},
-                observations=column(ref("Observation")),
-                rewards=column(_FINITE),
-                terminated=column({"type": "boolean"}),
-                truncated=column({"type": "boolean"}),
-                starts=column({"anyOf": [ref("Start"), {"type": "null"}]}),
-                infos=column(_INFO),
-                requests=column({"anyOf": [_REQUEST, {"type": "null"}]}),
+                episode_ids=_column(ID, minItems=1),
+                observations=_column(ref("Observation")),
+                rewards=_column(_FINITE),
+                terminated=_column(_BOOL),
+                truncated=_column(_BOOL),
+                starts=_column({"anyOf": [ref("Start"), {"type": "null"}]}),
+                infos=_column(_INFO),
+                requests=_column({"anyOf": [_REQUEST, {"type": "null"}]}),
             ),
             "description": "one entry per episode in every list, all of the same length",
         },
         "BatchEpisodes": object_schema(
             ["episodes"],
-            episodes={
-                **column(
-                    {
-                        "anyOf": [
-                            object_schema(["episode_id", "observation"], **entry),
-                            object_schema(["episode_id", "observations"], **multi),
-                        ]
-                    }
-                ),
-                "minItems": 1,
-            },
+            episodes=_column(
+                _forms(["episode_id", "observation"], step, {**entry, "start": start}), minItems=1
+            ),
         ),
         "BatchColumnsActed": object_schema(
-            ["episode_ids", "actions", "action_logp", "policy_version"],
-            episode_ids=column({"type": "string"}),
-            actions=column({}),
-            action_logp=column(logp),
-            policy_version=version,
+            episode_ids=_column(_STRING),
+            actions=_column({}),
+            action_logp=_column(_LOGP),
+            policy_version=_VERSION,
         ),
         "BatchEpisodesActed": object_schema(
-            ["episodes"], episodes=column({"anyOf": [ref("Acted"), ref("Ended")]})
+            ["episodes"], episodes=_column({"anyOf": [ref("Acted"), ref("Ended")]})
         ),
     }
 
 
 def _upload_schemas() -> dict[str, Any]:
-    row = {
-        "episode_id": ID,
-        "agent_id": {"type": "string", "minLength": 1},
-        "t": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
-        "training_enabled": {"type": "boolean"},
-    }
+    agent_id = {"type": "string", "minLength": 1}
+    row = {"episode_id": ID, "agent_id": agent_id, "training_enabled": _BOOL}
     step = object_schema(
         list(REQUIRED_STEP_COLUMNS),
         **row,
+        t={"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
         observation=ref("Observation"),
         action=ref("Action"),
         reward=_FINITE,
         next_observation=ref("Observation"),
-        terminated={"type": "boolean"},
-        truncated={"type": "boolean"},
+        terminated=_BOOL,
+        truncated=_BOOL,
         action_logp={"type": ["number", "null"]},
         policy_version={**INT64, "type": ["integer", "null"]},
         info=_INFO,
     )
     when = {"type": "string", "format": "date-time", "description": "ISO 8601, with its zone"}
-    row.pop("t")
     episode = object_schema(
         ["episode_id", "started_at", "ended_at", "length", "return", "end_reason"],
         **row,
@@ -307,15 +266,10 @@ def _upload_schemas() -> dict[str, Any]:
     )
     return {
         "UploadRows": {
-            **object_schema(
-                [],
-                steps={"type": "array", "items": step},
-                episodes={"type": "array", "items": episode},
-            ),
+            **object_schema([], steps=_column(step), episodes=_column(episode)),
             "additionalProperties": False,
         },
         "Uploaded": object_schema(
-            ["stored", "duplicate"],
             stored=_keyed({"type": "integer", "minimum": 0}),
             duplicate={
                 "type": "boolean",

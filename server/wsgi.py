@@ -65,7 +65,7 @@ class FastPath:
         start_response(f"{status} {HTTPStatus(status).phrase}", headers)
         return [body]
 
-    def _incoming(self, environ: dict[str, Any], episode_id: str) -> routes.Incoming:
+    def _incoming(self, environ: dict[str, Any], episode_id: str) -> handlers.Incoming:
         length = int(environ["CONTENT_LENGTH"])
         handlers.guard(self.service.config, environ.get("HTTP_AUTHORIZATION", ""), length)
 
@@ -73,7 +73,7 @@ class FastPath:
             value: str | None = environ.get("HTTP_" + name.upper().replace("-", "_"))
             return value
 
-        return routes.Incoming(
+        return handlers.Incoming(
             environ["wsgi.input"].read(length),
             environ.get("CONTENT_TYPE"),
             environ.get("REMOTE_ADDR"),
