@@ -13,7 +13,6 @@ of Flask otherwise.
 
 from __future__ import annotations
 
-import re
 import time
 
 from flask import Flask, Response, current_app, g, jsonify, request
@@ -21,12 +20,11 @@ from flask import Flask, Response, current_app, g, jsonify, request
 from pipeline.format import spaces
 from server import errors, handlers, openapi, routes
 from server.config import ServerConfig
+from server.inference import PolicyRunner
 from server.service import Service
-from server.weights import weights_response
 from server.wsgi import FastPath
 
 _PUBLIC = {"health", "openapi_document"}
-_RULE_PARAMETER = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")  # <path:episode_id> -> {episode_id}
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -38,7 +36,7 @@ def create_app(config: ServerConfig) -> Flask:
     errors.register(app)
     _guards(app, config, service)
     _step_routes(app, service)
-    _data_routes(app, service)
+    _weights_route(app, service.runner)
     _info_routes(app, service)
     app.wsgi_app = FastPath(app.wsgi_app, service)  # type: ignore[method-assign]
     return app
@@ -49,17 +47,13 @@ def _guards(app: Flask, config: ServerConfig, service: Service) -> None:
     def _check() -> None:
         g.started = time.perf_counter()
         public = request.endpoint in _PUBLIC
-        handlers.guard(
-            config,
-            None if public else request.headers.get("Authorization", ""),
-            request.content_length,
-            check_token=not public,
-        )
+        authorization = None if public else request.headers.get("Authorization", "")
+        handlers.guard(config, authorization, request.content_length)
 
     @app.after_request
     def _count(response: Response) -> Response:
         rule = request.url_rule
-        route = _RULE_PARAMETER.sub(r"{\1}", rule.rule) if rule is not None else "unrouted"
+        route = routes.template(rule.rule) if rule is not None else "unrouted"
         seconds = time.perf_counter() - g.get("started", time.perf_counter())
         service.metrics.response(response.status_code, g.get("steps", 0), route, seconds)
         return response
@@ -100,10 +94,34 @@ def _step_routes(app: Flask, service: Service) -> None:
         app.add_url_rule(route.rule, route.endpoint, view, methods=["POST"])
 
 
-def _data_routes(app: Flask, service: Service) -> None:
+def _weights_route(app: Flask, runner: PolicyRunner) -> None:
     @app.get("/v1/weights")
     def weights() -> Response:
-        return weights_response(service.runner, request.args.get("version"))
+        """The newest checkpoint file's own bytes (an ``.npz`` read with ``allow_pickle=False``)
+        with its version, or 304 when ``?version=N`` names the version the client holds."""
+        runner.refresh()
+        path, version = runner.checkpoint_path, runner.version
+        if path is None or version is None:
+            raise errors.ApiError(
+                404,
+                "no checkpoint has been published yet; act at random until one is "
+                "(GET /v1/health says when)",
+            )
+        have = request.args.get("version")
+        if have is not None and _version(have) == version:
+            response = Response(status=304)
+        else:
+            response = Response(path.read_bytes(), mimetype="application/x-npz")
+            response.headers["Content-Disposition"] = f'attachment; filename="{path.name}"'
+        response.headers["X-Rlpipe-Policy-Version"] = str(version)
+        return response
+
+
+def _version(have: str) -> int:
+    try:
+        return int(have)
+    except ValueError:
+        raise errors.bad_request("version", "an integer", repr(have)) from None
 
 
 def _info_routes(app: Flask, service: Service) -> None:
@@ -134,12 +152,13 @@ def _info_routes(app: Flask, service: Service) -> None:
 
     @app.get("/v1/metrics")
     def metrics() -> Response:
+        version = service.runner.version
         text, content_type = service.metrics.render(
             request.headers.get("Accept", ""),
-            len(service.episodes),
-            service.writer.backlog,
-            service.writer.last_commit_seconds,
-            service.runner.version,
+            open_episodes=len(service.episodes),
+            queue_depth=service.writer.backlog,
+            commit_seconds=service.writer.last_commit_seconds,
+            policy_version=-1 if version is None else version,
         )
         return Response(text, content_type=content_type)
 

@@ -1,17 +1,10 @@
 """The server's open episodes, the ids of recently ended ones (so late requests get 409), and
-retried requests recognised.
-
-A client numbers its requests within each episode (1, 2, 3, ...), so a request sent again after
-its answer was lost gets the answer it got the first time and its rows are not stored twice
-(``docs/protocol.md``, "Retrying is safe"). A batch request (many episodes' rows) is run whole or
-not at all, so a retry of it repeats the last request of every numbered row, or of none; a batch
-that repeats some and not others is not the batch that was sent, and gets a 409 rather than half
-its rows stored twice.
+retried requests recognised by their numbers (``docs/protocol.md``, "Retrying is safe").
 
 A retry is recognised in its step, under its episodes' locks, so a copy that arrives while the
-first try still runs (the client gave up waiting) waits for it and then finds its answers. A
-retry that finds an episode the first try ended gets a 409 on its way, and looks for its answers
-there (:func:`server.handlers.late_replay`).
+first try still runs waits for it and then finds its answers; one that finds an episode the first
+try ended looks there (:func:`server.handlers.late_replay`). A batch is run whole or not at all,
+so its retry repeats every numbered row or none: else 409, rather than half its rows stored twice.
 """
 
 from __future__ import annotations
@@ -29,11 +22,7 @@ Last = tuple[int, Any] | None  # an episode's last numbered request and the answ
 
 
 class EpisodeBook:
-    """The open episodes, and the ids of recently ended ones (so a late request gets 409, not 404).
-
-    Args:
-        remember_ended: how many ended ids to keep for telling "ended" from "unknown".
-    """
+    """The open episodes, and the last ``remember_ended`` ended ids (for 409 rather than 404)."""
 
     def __init__(self, remember_ended: int = 100_000) -> None:
         self._open: dict[str, Episode] = {}
@@ -62,8 +51,7 @@ class EpisodeBook:
             return episode, True
 
     def withdraw(self, episode: Episode) -> None:
-        """Forget an episode a refused request opened, if nothing has touched it since: a
-        request that fails writes nothing, not even an empty episode."""
+        """Forget an episode a refused request opened, if nothing has touched it since."""
         with episode.lock, self._lock:
             untouched = episode.requests == 0 and not episode.agents and not episode.ended
             if untouched and self._open.get(episode.episode_id) is episode:
@@ -100,14 +88,11 @@ class EpisodeBook:
 
     def last_requests(self, episode_ids: list[str]) -> list[Last]:
         """Each episode's last numbered request and its answer, open or recently ended (None if
-        it has none or is unknown): what a retried batch is recognised by before it starts or
-        finds its episodes."""
+        it has none or is unknown)."""
         with self._lock:
             return [
-                episode.last_request if episode is not None else self._ended.get(episode_id)
-                for episode_id, episode in zip(
-                    episode_ids, map(self._open.get, episode_ids), strict=True
-                )
+                e.last_request if (e := self._open.get(i)) is not None else self._ended.get(i)
+                for i in episode_ids
             ]
 
     def idle(self, older_than_s: float) -> list[Episode]:
@@ -121,8 +106,7 @@ class EpisodeBook:
 
 
 def refuse_repeats(episode_ids: Sequence[str], field: str) -> None:
-    """The 400 for a request that names an episode twice (its rows would race for one episode),
-    naming the first id that comes more than once."""
+    """The 400 for a request that names an episode twice (its rows would race for it)."""
     counts = Counter(episode_ids)
     twice = next((episode_id for episode_id in episode_ids if counts[episode_id] > 1), None)
     if twice is not None:

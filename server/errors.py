@@ -49,20 +49,16 @@ def error_answer(error: Exception) -> tuple[int, dict[str, Any], int | None]:
     return 500, error_body(500, "internal server error; the server log has the details"), None
 
 
-def _response(status: int, body: dict[str, Any], retry_after: int | None) -> Response:
-    response = jsonify(body)
-    response.status_code = status
-    if retry_after is not None:
-        response.headers["Retry-After"] = str(retry_after)
-    return response
-
-
 def register(app: Flask) -> None:
     """Install the one handler every error goes through."""
 
     @app.errorhandler(Exception)
     def _handle(error: Exception) -> Response:
-        response = _response(*error_answer(error))
+        status, body, retry_after = error_answer(error)
+        response = jsonify(body)
+        response.status_code = status
+        if retry_after is not None:
+            response.headers["Retry-After"] = str(retry_after)
         if isinstance(error, MethodNotAllowed) and error.valid_methods:  # RFC 9110, 15.5.6
             response.headers["Allow"] = ", ".join(sorted(error.valid_methods))
         return response

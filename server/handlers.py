@@ -1,19 +1,17 @@
 """What each step and upload resource does with a request, apart from any web framework.
 
-The Flask routes (:mod:`server.app`) and the WSGI fast path (:mod:`server.wsgi`) both call these
-through the route table (:mod:`server.routes`),
-so the two answer every request, good or bad, the same way. Every step request, whatever its
-form, becomes one :class:`~server.stepper.Request` (:mod:`server.requests`) and takes the one
-step pass (:mod:`server.stepper`). ``counts.steps`` is set as soon as the number of steps in the
-request is known, so a refused request's steps are counted as rejected.
+Both front ends (:mod:`server.app`, :mod:`server.wsgi`) call these through the route table
+(:mod:`server.routes`), so they answer every request, good or bad, the same way. Every step
+request becomes one :class:`~server.stepper.Request` (:mod:`server.requests`) and takes the one
+step pass (:mod:`server.stepper`). ``counts.steps`` is set as soon as a request's number of steps
+is known, so a refused request's steps are counted as rejected.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,7 +20,6 @@ import pyarrow as pa
 from pipeline.format import layout
 from pipeline.recording.episode import Episode
 from server import errors, requests
-from server.bodies import parse_json
 from server.config import ServerConfig
 from server.episodes import ended_message, replayed_rows
 from server.errors import ApiError
@@ -33,6 +30,7 @@ from server.messages import (
     json_value,
     optional_bool,
     optional_int,
+    parse_json,
 )
 from server.service import Service
 from server.stepper import Answer, Request
@@ -59,16 +57,13 @@ class Incoming:
         return parse_json(self.body, self.content_type)
 
 
-def guard(
-    config: ServerConfig, authorization: str | None, length: int | None, check_token: bool = True
-) -> None:
-    """401 without the token (when one is set), 413 for a body past the limit: before any work."""
+def guard(config: ServerConfig, authorization: str | None, length: int | None) -> None:
+    """401 without the token (when one is set; a public resource passes None), 413 for a body
+    past the limit: before any work."""
     if (
-        check_token
+        authorization is not None
         and config.token is not None
-        and not hmac.compare_digest(
-            (authorization or "").encode(), f"Bearer {config.token}".encode()
-        )
+        and not hmac.compare_digest(authorization.encode(), f"Bearer {config.token}".encode())
     ):
         raise ApiError(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'")
     if length is not None and length > config.max_body_bytes:
@@ -154,35 +149,24 @@ def _run(
     starts: list[dict[str, Any] | None],
     remote_addr: str | None = None,
 ) -> list[Answer]:
-    """Open the episodes the request starts, then step: a refusal withdraws what it opened, and
-    a numbered request that finds its episodes ended by its own first try gets that answer."""
-    try:
-        with _starts_withdrawn_on_error(service) as started:
-            for episode_id, start in zip(request.episode_ids, starts, strict=True):
-                if start is not None:
-                    _start(service, _episode(service, episode_id, start, remote_addr), started)
-            return service.stepper.submit(request)
-    except ApiError as error:
-        return late_replay(service, error, request)
-
-
-@contextmanager
-def _starts_withdrawn_on_error(service: Service) -> Iterator[list[Episode]]:
-    """The episodes a batch request opens, withdrawn again if the request is refused after it
-    opened them (another row's unknown episode, say), so that the refusal writes nothing."""
+    """Open the episodes the request starts, then step: a refusal withdraws what it opened (so
+    that it writes nothing, not even an empty episode), and a numbered request that finds its
+    episodes ended by its own first try gets that answer."""
     started: list[Episode] = []
     try:
-        yield started
-    except BaseException:
+        for episode_id, start in zip(request.episode_ids, starts, strict=True):
+            if start is not None:
+                episode = _episode(service, episode_id, start, remote_addr)
+                episode, created = service.episodes.start(episode)
+                if created:
+                    started.append(episode)
+        return service.stepper.submit(request)
+    except BaseException as error:
         for episode in started:
             service.episodes.withdraw(episode)
+        if isinstance(error, ApiError):
+            return late_replay(service, error, request)
         raise
-
-
-def _start(service: Service, episode: Episode, started: list[Episode]) -> None:
-    episode, created = service.episodes.start(episode)
-    if created:
-        started.append(episode)
 
 
 def late_replay(service: Service, error: ApiError, request: Request) -> list[Answer]:

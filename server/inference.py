@@ -27,15 +27,9 @@ _log = logging.getLogger("rlpipe.server")
 
 
 class PolicyRunner:
-    """Holds the current policy, reloads newer checkpoints, and batches forward passes.
-
-    Args:
-        source: checkpoint file, checkpoints directory, or dataset/run directory.
-        observation_space: what the observations are validated against.
-        action_space: what random actions are drawn from.
-        poll_s: how often to look for a newer checkpoint.
-        seed: seeds action sampling.
-    """
+    """Holds the current policy, looks for a newer checkpoint in ``source`` (a checkpoint file,
+    checkpoints directory, or dataset/run directory) every ``poll_s``, and batches forward
+    passes; ``seed`` seeds the random actions."""
 
     def __init__(
         self,

@@ -1,19 +1,8 @@
-"""What the server counts, exposed through ``prometheus_client`` at ``GET /v1/metrics``.
+"""What the server counts, exposed through ``prometheus_client`` at ``GET /v1/metrics``
+(``docs/protocol.md`` lists the names).
 
 Each :class:`Metrics` has its own :class:`~prometheus_client.CollectorRegistry`, so several
-servers in one process (tests, an embedding app) keep separate counts. The names:
-
-==================================  =========  ==================================================
-``rlpipe_steps_accepted_total``     counter    steps made durable
-``rlpipe_steps_rejected_total``     counter    steps in requests that were refused
-``rlpipe_responses_total``          counter    responses sent, by ``status``
-``rlpipe_request_seconds``          histogram  time to answer, by ``route`` and ``status``
-``rlpipe_append_seconds``           histogram  time to make rows durable, one per writer append
-``rlpipe_open_episodes``            gauge      episodes open in server memory
-``rlpipe_queue_depth``              gauge      rolled shards waiting to be written
-``rlpipe_commit_seconds``           gauge      how long the last shard commit took
-``rlpipe_policy_version``           gauge      version of the policy acting; -1 at random
-==================================  =========  ==================================================
+servers in one process (tests, an embedding app) keep separate counts.
 """
 
 from __future__ import annotations
@@ -24,6 +13,12 @@ from prometheus_client.exposition import choose_encoder
 # a step is answered in about a millisecond and an append takes less: the library's default
 # buckets start at 5 ms and would put nearly everything in the first
 _BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_GAUGES = {  # read when scraped
+    "open_episodes": "Episodes open in server memory.",
+    "queue_depth": "Rolled shards waiting to be written.",
+    "commit_seconds": "How long the last shard commit took.",
+    "policy_version": "Version of the policy acting; -1 when acting at random.",
+}
 
 
 class Metrics:
@@ -51,29 +46,16 @@ class Metrics:
             buckets=_BUCKETS,
             registry=registry,
         )
-        self._open = Gauge(
-            "rlpipe_open_episodes", "Episodes open in server memory.", registry=registry
-        )
-        self._queue = Gauge(
-            "rlpipe_queue_depth", "Rolled shards waiting to be written.", registry=registry
-        )
-        self._commit = Gauge(
-            "rlpipe_commit_seconds", "How long the last shard commit took.", registry=registry
-        )
-        self._policy = Gauge(
-            "rlpipe_policy_version",
-            "Version of the policy acting; -1 when acting at random.",
-            registry=registry,
-        )
+        self._gauges = {
+            name: Gauge(f"rlpipe_{name}", text, registry=registry) for name, text in _GAUGES.items()
+        }
 
-    def observe_append(self, seconds: float, rows: int) -> None:
-        """One writer append of ``rows`` steps, which took ``seconds``."""
-        self._appends.observe(seconds)
+    def accepted(self, rows: int, append_seconds: float | None = None) -> None:
+        """Steps made durable, by a writer append that took ``append_seconds`` (None: an
+        upload's, not timed)."""
         self._accepted.inc(rows)
-
-    def accepted(self, rows: int) -> None:
-        """Steps made durable outside the step path (uploads)."""
-        self._accepted.inc(rows)
+        if append_seconds is not None:
+            self._appends.observe(append_seconds)
 
     def response(
         self, status: int, steps: int = 0, route: str | None = None, seconds: float | None = None
@@ -87,20 +69,11 @@ class Metrics:
         if route is not None and seconds is not None:
             self._requests.labels(route, status).observe(seconds)
 
-    def render(
-        self,
-        accept: str,
-        open_episodes: int,
-        queue_depth: int,
-        commit_seconds: float,
-        policy_version: int | None,
-    ) -> tuple[bytes, str]:
-        """The exposition, with the gauges read now, and its content type: in the format the
-        scraper's ``Accept`` asks for, as prometheus_client chooses (Prometheus' text format
-        0.0.4 unless OpenMetrics is asked for)."""
-        self._open.set(open_episodes)
-        self._queue.set(queue_depth)
-        self._commit.set(commit_seconds)
-        self._policy.set(-1 if policy_version is None else policy_version)
+    def render(self, accept: str, **gauges: float) -> tuple[bytes, str]:
+        """The exposition, with the gauges of :data:`_GAUGES` as read now, and its content type:
+        in the format the scraper's ``Accept`` asks for, as prometheus_client chooses
+        (Prometheus' text format 0.0.4 unless OpenMetrics is asked for)."""
+        for name, value in gauges.items():
+            self._gauges[name].set(value)
         encode, content_type = choose_encoder(accept)
         return encode(self.registry), content_type

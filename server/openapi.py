@@ -13,7 +13,7 @@ from typing import Any
 import gymnasium as gym
 
 from server import routes
-from server.bodies import MAX_DEPTH
+from server.messages import MAX_DEPTH
 from server.schemas import ID, INT64, named_schemas, object_schema, ref
 
 _JSON = "application/json"
@@ -127,9 +127,10 @@ def _paths() -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for route in routes.ROUTES:  # the routes both front ends answer
         summary, body, answer, statuses = _OPERATIONS[route.endpoint]
-        paths[route.template] = {"post": _op(summary, _json(body), _json(answer), statuses)}
-        if "{episode_id}" in route.template:
-            paths[route.template]["parameters"] = [
+        path = routes.template(route.rule)
+        paths[path] = {"post": _op(summary, _json(body), _json(answer), statuses)}
+        if "{episode_id}" in path:
+            paths[path]["parameters"] = [
                 {"name": "episode_id", "in": "path", "required": True, "schema": ID}
             ]
     upload = paths["/v1/uploads"]["post"]

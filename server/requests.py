@@ -1,15 +1,10 @@
-"""The step requests' three forms, each turned into the rows of one :class:`Request`, once.
+"""The step requests' three forms (one episode's body, the batch form's entries, its columns),
+each turned into the rows of one :class:`~server.stepper.Request`, once.
 
-- One episode (``POST /v1/episodes/{id}/actions``, ``.../logged-actions``, ``.../end``): a
-  single-agent body carries ``observation``, ``reward``, ``info`` (and ``action`` when logging);
-  a multi-agent body carries ``observations``, ``rewards``, ``infos``, ``dones`` (and
-  ``actions``), objects keyed by agent id. Each observed agent is a row; rewards, infos and done
-  flags of agents it does not observe ride along as :class:`~pipeline.recording.recorder.Returns`.
-- The batch form's entries (``POST /v1/actions`` with ``episodes``): each entry one episode's
-  body as above, with ``episode_id`` and optionally ``start``, ``terminated``, ``truncated``.
-- The columnar batch form (``episode_ids``, ``observations``, ...): single-agent rows.
-
-All observations of a request are checked in one pass (:func:`server.messages.batch`).
+A multi-agent body keys its fields by agent id (:mod:`server.schemas`): each observed agent is a
+row, and the rewards, infos and done flags of agents it does not observe ride along as
+:class:`~pipeline.recording.episode.Returns`. All observations of a request are checked in one
+pass (:func:`server.messages.batch`).
 """
 
 from __future__ import annotations
@@ -84,13 +79,7 @@ class _Rows:
 
     def _multi(self, doc: dict[str, Any], k: int, logged: bool, prefix: str) -> None:
         observations = messages.keyed(doc["observations"], prefix + "observations")
-        rewards = messages.keyed(doc.get("rewards") or {}, prefix + "rewards")
-        infos = messages.keyed(doc.get("infos") or {}, prefix + "infos")
-        dones = messages.keyed(doc.get("dones") or {}, prefix + "dones")
-        dones.pop("__all__", None)
-        for agent_id, flag in dones.items():
-            if not isinstance(flag, bool):
-                raise bad_request(f"{prefix}dones.{agent_id}", "true or false", repr(flag))
+        rewards, infos, dones = _keyed_returns(doc, prefix)
         actions = (
             messages.keyed(messages.required(doc, "actions", prefix), prefix + "actions")
             if logged
@@ -232,17 +221,24 @@ def returns_of(doc: dict[str, Any], prefix: str = "") -> Returns:
             rewards={_AGENT: messages.reward(doc.get("reward", 0.0), prefix + "reward")},
             infos={} if doc.get("info") is None else {_AGENT: _info(doc["info"], "info")},
         )
+    rewards, infos, dones = _keyed_returns(doc, prefix)
+    return Returns(
+        rewards={k: messages.reward(v, f"{prefix}rewards.{k}") for k, v in rewards.items()},
+        infos={k: _info(v, f"{prefix}infos.{k}") for k, v in infos.items()},
+        dones=dones,
+    )
+
+
+def _keyed_returns(doc: dict[str, Any], prefix: str) -> tuple[dict[str, Any], ...]:
+    """A multi-agent body's ``rewards``, ``infos`` and ``dones`` (its flags checked, and
+    RLlib's ``__all__`` dropped), each keyed by agent id."""
     rewards = messages.keyed(doc.get("rewards") or {}, prefix + "rewards")
     infos = messages.keyed(doc.get("infos") or {}, prefix + "infos")
     dones = messages.keyed(doc.get("dones") or {}, prefix + "dones")
     for agent_id, flag in dones.items():
         if not isinstance(flag, bool):
             raise bad_request(f"{prefix}dones.{agent_id}", "true or false", repr(flag))
-    return Returns(
-        rewards={k: messages.reward(v, f"{prefix}rewards.{k}") for k, v in rewards.items()},
-        infos={k: _info(v, f"{prefix}infos.{k}") for k, v in infos.items()},
-        dones={k: v for k, v in dones.items() if k != "__all__"},
-    )
+    return rewards, infos, {k: v for k, v in dones.items() if k != "__all__"}
 
 
 def _start(value: Any, name: str) -> dict[str, Any] | None:

@@ -26,10 +26,10 @@ class Route:
     rule: str
     handle: Callable[[Service, Incoming, Counts], Reply]
 
-    @property
-    def template(self) -> str:
-        """The path as OpenAPI and the metrics name it: ``/v1/episodes/{episode_id}/end``."""
-        return self.rule.replace("<path:episode_id>", "{episode_id}")
+
+def template(rule: str) -> str:
+    """A rule as OpenAPI and the metrics name it: ``/v1/episodes/{episode_id}/end``."""
+    return rule.replace("<path:episode_id>", "{episode_id}")
 
 
 _EPISODE = "/v1/episodes/<path:episode_id>"

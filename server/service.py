@@ -107,7 +107,7 @@ class Service:
             except SchemaError as error:  # the steps are written: this must not be retried
                 raise DatasetError(f"writing episode summaries failed: {error}") from error
         if count or summaries:  # a step that completed no row appended nothing
-            self.metrics.observe_append(time.perf_counter() - started, count)
+            self.metrics.accepted(count, time.perf_counter() - started)
 
     def _reap_loop(self) -> None:
         period = min(self.config.idle_timeout_s / 4, 1.0)

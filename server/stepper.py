@@ -1,13 +1,10 @@
 """The server's step pass: requests' rows in, durable rows out, actions back.
 
-Every step request (get_action, log_action and end for one episode, and both batch forms) is
-parsed at the edge (:mod:`server.messages`) into a :class:`Request` whose rows are
-:class:`~pipeline.recording.recorder.Steps`. Requests that arrive together share one pass
-(:mod:`server.combiner`): their episodes are locked, retries recognised
-(:mod:`server.episodes`), the rows completed by the step core
+Requests that arrive together share one pass (:mod:`server.combiner`): their episodes are locked,
+retries recognised (:mod:`server.episodes`), the rows completed by the step core
 (:func:`~pipeline.recording.recorder.complete`), every observation that needs an action goes
-through one forward pass, all rows and summaries are made durable with one writer append, and
-only then do the episodes advance. A pass that fails changes nothing.
+through one forward pass, all rows are made durable with one writer append, and only then do the
+episodes advance. A pass that fails changes nothing.
 """
 
 from __future__ import annotations
@@ -29,12 +26,11 @@ Answer = dict[str, Any]
 
 @dataclass
 class Request:
-    """One request's rows as the edge parsed them, its episodes not yet looked up.
+    """One request's rows as :mod:`server.requests` parsed them, its episodes not yet looked up.
 
     ``rows[i]`` is the index in ``episode_ids`` of the episode of row ``i`` of ``steps`` (an
     episode's rows are contiguous). ``numbers`` are the client's request numbers, per episode
-    (None: unnumbered), by which a retry is recognised; ``field`` names them in a 409.
-    ``forms`` says which episodes' bodies were multi-agent, and so how each is answered.
+    (None: unnumbered), which ``field`` names in a 409.
     """
 
     episode_ids: list[str]
@@ -46,7 +42,6 @@ class Request:
     ids_field: str = "episodes"  # the field that lists the episodes, named in a 400
 
     def bind(self, episodes: list[Episode]) -> None:
-        """The request's episodes, once looked up (in the order of ``episode_ids``)."""
         self.steps.episodes = [episodes[k] for k in self.rows]
         self.steps.touched = episodes
 
@@ -61,12 +56,8 @@ def _nothing_done(error: BaseException) -> bool:
 
 
 class Stepper:
-    """Runs :class:`Request` s, those arriving together in one pass.
-
-    Args:
-        service: the server's state (episodes, policy, writer); duck-typed to avoid an import
-            cycle with :mod:`server.service`.
-    """
+    """Runs :class:`Request` s, those arriving together in one pass, for ``service`` (duck-typed:
+    :mod:`server.service` imports this module)."""
 
     def __init__(self, service: Any) -> None:
         self._service = service
@@ -75,7 +66,6 @@ class Stepper:
         )
 
     def submit(self, request: Request) -> list[Answer]:
-        """Make the rows durable; the answer of each of the request's episodes."""
         return self._combiner.submit(request)
 
     def _run(self, requests: list[Request]) -> list[list[Answer]]:
@@ -193,7 +183,6 @@ def _answers(
 
 
 def _join(parts: list[Steps]) -> Steps:
-    """The rows of several requests as one :class:`Steps`."""
     if len(parts) == 1:
         return parts[0]
     n = [len(part) for part in parts]

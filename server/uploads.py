@@ -63,10 +63,9 @@ class UploadLedger:
                 table = _with_client(_with_agent(table), client_id)
                 if not known:
                     table = self._unstored(name, table, client_id)
-                if name == layout.STEPS:
-                    stored[name] = self._writer.append(table)
-                else:
-                    stored[name] = self._writer.append_episodes(table)
+                writer = self._writer
+                append = writer.append if name == layout.STEPS else writer.append_episodes
+                stored[name] = append(table)
             seen = self._seen[client_id]
             seen.add(seq)
             if len(seen) > _REMEMBER:

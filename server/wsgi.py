@@ -39,10 +39,12 @@ class FastPath:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         found = routes.match(environ.get("PATH_INFO", ""))
-        if found is None or environ.get("REQUEST_METHOD") != "POST":
-            return self.app(environ, start_response)
-        if not environ.get("CONTENT_LENGTH"):
-            return self.app(environ, start_response)  # Flask reads a chunked body
+        if (
+            found is None
+            or environ.get("REQUEST_METHOD") != "POST"
+            or not environ.get("CONTENT_LENGTH")
+        ):
+            return self.app(environ, start_response)  # Flask answers; it reads a chunked body
         started = time.perf_counter()
         counts = _Counts()
         headers: list[tuple[str, str]] = []
@@ -60,7 +62,7 @@ class FastPath:
             status, answer, _ = error_answer(error)
             body = orjson.dumps(answer)
         seconds = time.perf_counter() - started
-        self.service.metrics.response(status, counts.steps, found[0].template, seconds)
+        self.service.metrics.response(status, counts.steps, routes.template(found[0].rule), seconds)
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         start_response(f"{status} {HTTPStatus(status).phrase}", headers)
         return [body]
