@@ -27,9 +27,9 @@ from server.messages import (
     ARROW_TYPE,
     client_id_of,
     episode_id_of,
+    flag,
+    int64,
     json_value,
-    optional_bool,
-    optional_int,
     parse_json,
 )
 from server.service import Service
@@ -95,8 +95,8 @@ def _episode(
     return Episode(
         episode_id=episode_id,
         client_id=client_id_of(doc.get("client_id")) or remote_addr or "",
-        training_enabled=optional_bool(doc, "training_enabled", True),
-        seed=optional_int(doc, "seed"),
+        training_enabled=flag(doc.get("training_enabled", True), "training_enabled"),
+        seed=int64(doc.get("seed"), "seed"),
         reset_options=json_value(doc.get("options"), "options"),
         env_id=service.env_id,
     )

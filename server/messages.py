@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -168,19 +169,17 @@ def _finite(value: float) -> bool:
         return False
 
 
-def optional_int(doc: dict[str, Any], key: str, name: str | None = None) -> int | None:
-    value = doc.get(key)
+def int64(value: Any, name: str) -> int | None:
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63
     ):
-        raise bad_request(name or key, "a 64-bit integer or null", repr(value))
+        raise bad_request(name, "a 64-bit integer or null", repr(value))
     return value
 
 
-def optional_bool(doc: dict[str, Any], key: str, default: bool, name: str | None = None) -> bool:
-    value = doc.get(key, default)
+def flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
-        raise bad_request(name or key, "true or false", repr(value))
+        raise bad_request(name, "true or false", repr(value))
     return value
 
 
@@ -203,50 +202,57 @@ def client_id_of(value: Any) -> str | None:
 
 
 def column(
-    doc: dict[str, Any], key: str, n: int, default: Any, required: bool = False
+    doc: dict[str, Any],
+    key: str,
+    n: int,
+    check: Callable[[Any, str], Any] | None = None,
+    fast: Callable[[list[Any]], bool] = lambda values: False,
+    default: Any = None,
+    required: bool = False,
 ) -> list[Any]:
-    value = doc.get(key)
-    if value is None and not required:
+    """``doc[key]``, a list of ``n`` values (``default`` each when it is left out), each checked
+    by ``check`` unless ``fast`` finds them all good at once: the batch form's rows would spend
+    more on checks made one by one than on their log."""
+    values = doc.get(key)
+    if values is None and not required:
         return [default] * n
-    if not isinstance(value, list) or len(value) != n:
-        got = f"{len(value)} entries" if isinstance(value, list) else type(value).__name__
+    if not isinstance(values, list) or len(values) != n:
+        got = f"{len(values)} entries" if isinstance(values, list) else type(values).__name__
         raise bad_request(key, f"a list of {n} entries (one per episode id)", got)
-    return value
+    if check is None or fast(values):
+        return values
+    return [check(value, f"{key}[{i}]") for i, value in enumerate(values)]
 
 
 def plain_ids(ids: list[Any]) -> bool:
-    """Whether every id is a string of 1 to 200 characters (checked a list at a time: the
-    batch form's rows would spend more on checks made one by one than on their log)."""
-    if set(map(type, ids)) != {str}:
+    """Whether every id is a string of 1 to 200 characters, not '.' or '..'."""
+    if set(map(type, ids)) != {str} or "." in ids or ".." in ids:
         return False
     lengths = list(map(len, ids))
     return min(lengths) > 0 and max(lengths) <= 200
 
 
-def rewards(values: list[Any]) -> list[float]:
-    """Finite numbers as floats, else the 400 that names the first bad one."""
-    if set(map(type, values)) <= {float, int} and all(map(_finite, values)):
-        return [float(value) for value in values]
-    return [reward(value, f"rewards[{i}]") for i, value in enumerate(values)]
+def nulls(values: list[Any]) -> bool:
+    return values.count(None) == len(values)
 
 
-def request_numbers(values: list[Any]) -> list[int | None]:
-    """Request numbers (64-bit integers or nulls), else the 400 that names the first bad one."""
-    if values.count(None) == len(values):
-        return values
-    if set(map(type, values)) == {int} and min(values) >= -(2**63) and max(values) < 2**63:
-        return values  # the usual batch: checked a list at a time
-    return [optional_int({"request": v}, "request", f"requests[{i}]") for i, v in enumerate(values)]
+def no_text(values: list[Any]) -> bool:
+    return str not in set(map(type, values))
 
 
-def flags(doc: dict[str, Any], key: str, n: int) -> list[bool]:
-    flags = column(doc, key, n, False)
-    if set(map(type, flags)) <= {bool}:
-        return flags
-    for i, flag in enumerate(flags):
-        if not isinstance(flag, bool):
-            raise bad_request(f"{key}[{i}]", "true or false", repr(flag))
-    return flags
+def floats(values: list[Any]) -> bool:
+    return set(map(type, values)) <= {float} and all(map(math.isfinite, values))
+
+
+def bools(values: list[Any]) -> bool:
+    return set(map(type, values)) <= {bool}
+
+
+def int64s(values: list[Any]) -> bool:
+    """Whether every value is null, or every value a 64-bit integer."""
+    if nulls(values):
+        return True
+    return set(map(type, values)) == {int} and min(values) >= -(2**63) and max(values) < 2**63
 
 
 def json_value(value: Any, name: str) -> Any:

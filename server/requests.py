@@ -50,7 +50,7 @@ class _Rows:
         """One episode's body (single- or multi-agent) as its rows."""
         k = len(self.ids)
         self.ids.append(episode_id)
-        self.numbers.append(messages.optional_int(doc, "request", prefix + "request"))
+        self.numbers.append(messages.int64(doc.get("request"), prefix + "request"))
         if end is not None:
             self.ends[episode_id] = end
         self.forms.append("observations" in doc)
@@ -142,7 +142,7 @@ def one_episode(
     rows = _Rows()
     end = None
     if verb == END:
-        end = TRUNCATED if messages.optional_bool(doc, "truncated", False) else TERMINATED
+        end = TRUNCATED if messages.flag(doc.get("truncated", False), "truncated") else TERMINATED
     rows.add(doc, episode_id, end, verb == LOG)
     return rows.request(observation_space, action_space)
 
@@ -160,8 +160,8 @@ def entries(
         if not isinstance(entry, dict):
             raise bad_request(f"episodes[{i}]", "an object", type(entry).__name__)
         episode_id = messages.episode_id_of(entry.get("episode_id"), prefix + "episode_id")
-        terminated = messages.optional_bool(entry, "terminated", False, prefix + "terminated")
-        truncated = messages.optional_bool(entry, "truncated", False, prefix + "truncated")
+        terminated = messages.flag(entry.get("terminated", False), prefix + "terminated")
+        truncated = messages.flag(entry.get("truncated", False), prefix + "truncated")
         end = TERMINATED if terminated else TRUNCATED if truncated else None
         rows.add(entry, episode_id, end, logged=False, prefix=prefix)
         starts.append(_start(entry.get("start"), prefix + "start"))
@@ -176,24 +176,15 @@ def columns(
     if not isinstance(ids, list) or not ids:
         raise bad_request("episode_ids", "a non-empty list of episode ids", type(ids).__name__)
     n = len(ids)
-    episode_ids = (
-        ids
-        if messages.plain_ids(ids)
-        else [messages.episode_id_of(value, f"episode_ids[{i}]") for i, value in enumerate(ids)]
-    )
-    values = messages.column(doc, "observations", n, None, True)
+    episode_ids = messages.column(doc, "episode_ids", n, messages.episode_id_of, messages.plain_ids)
+    values = messages.column(doc, "observations", n, required=True)
     observations = messages.batch(observation_space, values, "observations")
-    terminated = messages.flags(doc, "terminated", n)
-    truncated = messages.flags(doc, "truncated", n)
-    starts = [
-        _start(start, f"starts[{i}]")
-        for i, start in enumerate(messages.column(doc, "starts", n, None))
-    ]
+    terminated = messages.column(doc, "terminated", n, messages.flag, messages.bools, False)
+    truncated = messages.column(doc, "truncated", n, messages.flag, messages.bools, False)
+    starts = messages.column(doc, "starts", n, _start, messages.nulls)
     infos = None
     if doc.get("infos") is not None:
-        infos = [
-            _info(v, f"infos[{i}]") for i, v in enumerate(messages.column(doc, "infos", n, None))
-        ]
+        infos = messages.column(doc, "infos", n, _info, messages.no_text)
     ends = {
         episode_id: TERMINATED if te else TRUNCATED
         for episode_id, te, tr in zip(episode_ids, terminated, truncated, strict=True)
@@ -203,11 +194,11 @@ def columns(
         episodes=[],
         agent_ids=[_AGENT] * n,
         observations=observations,
-        rewards=messages.rewards(messages.column(doc, "rewards", n, 0.0)),
+        rewards=messages.column(doc, "rewards", n, messages.reward, messages.floats, 0.0),
         infos=infos,
         ends=ends,
     )
-    numbers = messages.request_numbers(messages.column(doc, "requests", n, None))
+    numbers = messages.column(doc, "requests", n, messages.int64, messages.int64s)
     request = Request(
         episode_ids, list(range(n)), steps, numbers, [False] * n, "requests", "episode_ids"
     )

@@ -39,12 +39,10 @@ class FastPath:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         found = routes.match(environ.get("PATH_INFO", ""))
-        if (
-            found is None
-            or environ.get("REQUEST_METHOD") != "POST"
-            or not environ.get("CONTENT_LENGTH")
-        ):
-            return self.app(environ, start_response)  # Flask answers; it reads a chunked body
+        if found is None or environ.get("REQUEST_METHOD") != "POST":
+            return self.app(environ, start_response)
+        if not environ.get("CONTENT_LENGTH"):
+            return self.app(environ, start_response)  # Flask reads a chunked body
         started = time.perf_counter()
         counts = _Counts()
         headers: list[tuple[str, str]] = []

@@ -164,6 +164,10 @@ def _bad_cases(url: str) -> list[tuple[str, dict[str, Any], int, str]]:
          "Content-Type: expected application/json, got text/plain"),
         (ep, {"json": {"observation": OBS, "request": 7}}, 409,
          "field 'request': expected 2 (the next request of episode 'e1'), got 7"),
+        ("/v1/actions", {"json": {"episode_ids": ["new4", ".."], "observations": [OBS, OBS],
+                                  "starts": [{}, {}]}}, 400,
+         "field 'episode_ids[1]': expected a non-empty string of at most 200 characters, "
+         "not '.' or '..', got '..'"),
         ("/v1/actions", {"json": {"episode_ids": ["new1", "nope"], "observations": [OBS, OBS],
                                   "starts": [{"seed": 1}, None]}}, 404,
          "episode 'nope' is not open on this server; call start_episode() first"),
