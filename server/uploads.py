@@ -60,7 +60,9 @@ class UploadLedger:
                 return {"stored": {name: 0 for name in tables}, "duplicate": True}
             stored = {}
             for name, table in tables.items():
-                table = _with_client(_with_agent(table), client_id)
+                # the server, not the rows, says which client sent them: the ledger's keys
+                table = _with_text(table, "agent_id", layout.DEFAULT_AGENT_ID, replace=False)
+                table = _with_text(table, "client_id", client_id)
                 if not known:
                     table = self._unstored(name, table, client_id)
                 writer = self._writer
@@ -108,21 +110,16 @@ class UploadLedger:
             return known
 
 
-def _with_agent(table: pa.Table) -> pa.Table:
-    if "agent_id" in table.column_names:
+def _with_text(table: pa.Table, name: str, value: str, replace: bool = True) -> pa.Table:
+    """``table`` with ``value`` in the text column ``name`` of every row (``replace=False``: only
+    when it has no such column)."""
+    column = pa.repeat(pa.scalar(value, pa.string()), table.num_rows)
+    if name not in table.column_names:
+        return table.append_column(pa.field(name, pa.string(), nullable=False), column)
+    if not replace:
         return table
-    column = pa.repeat(pa.scalar(layout.DEFAULT_AGENT_ID, pa.string()), table.num_rows)
-    return table.append_column(pa.field("agent_id", pa.string(), nullable=False), column)
-
-
-def _with_client(table: pa.Table, client_id: str) -> pa.Table:
-    """The server, not the rows, says which client sent them: the ledger's keys depend on it."""
-    column = pa.repeat(pa.scalar(client_id, pa.string()), table.num_rows)
-    field = pa.field("client_id", pa.string(), nullable=False)
-    if "client_id" in table.column_names:
-        index = table.column_names.index("client_id")
-        return table.set_column(index, table.schema.field(index).with_type(pa.string()), column)
-    return table.append_column(field, column)
+    index = table.column_names.index(name)
+    return table.set_column(index, table.schema.field(index).with_type(pa.string()), column)
 
 
 def json_table(writer: DatasetWriter, name: str, rows: Any) -> pa.Table:
