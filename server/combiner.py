@@ -47,7 +47,6 @@ class Combiner(Generic[T, R]):
         self._queue: list[_Slot[T, R]] = []
         self._lock = threading.Lock()
         self._busy = False
-        self.passes = 0
 
     def submit(self, item: T) -> R:
         slot: _Slot[T, R] = _Slot(item)
@@ -80,7 +79,6 @@ class Combiner(Generic[T, R]):
                 following.gate.release()
 
     def _pass(self, batch: list[_Slot[T, R]]) -> None:
-        self.passes += 1
         try:
             results = self._run([slot.item for slot in batch])
             for slot, result in zip(batch, results, strict=True):

@@ -72,8 +72,3 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value > 0:
                 raise ConfigError("ServerConfig", name, "a number of seconds > 0", value)
-
-    @property
-    def policy_source(self) -> Path:
-        """Where checkpoints are looked for."""
-        return self.policy if self.policy is not None else self.data

@@ -77,40 +77,28 @@ class PolicyRunner:
 
     def act(self, batch: Any) -> tuple[list[Any], list[float | None], int | None]:
         """Actions (JSON-ready), their log-probabilities and the policy version for a batch of
-        validated observations (the space's layout: an array for a Box): one forward pass."""
+        validated observations (the space's layout: an array for a Box): one forward pass (or
+        uniform draws), under a lock (the rng is shared)."""
         n = length(batch)
         if not n:
             return [], [], self.version
-        if (
-            n == 1
-            and isinstance(self.action_space, gym.spaces.Discrete)
-            and (isinstance(batch, np.ndarray))
-        ):
-            with self._lock:  # one row: the policy's vector path costs a fraction of a batch's
-                self.refresh()
-                policy = self.policy
-                if policy is not None:
-                    self.forward_passes += 1
-                    action, logp = policy.act_one(batch[0], self._rng)
-                    return [int(action)], [logp], policy.version
-        actions, logp_list, version = self._forward(batch, n)
-        return self._values(actions), logp_list, version
-
-    def _values(self, actions: Any) -> list[Any]:
-        if isinstance(self.action_space, gym.spaces.Discrete):
-            values: list[Any] = np.asarray(actions, np.int64).tolist()  # in range by construction
-            return values
-        # exactly what the column will hold (and refuses a NaN a bad network made)
-        return codec.to_arrow(self.action_space, actions, field="action").to_pylist()
-
-    def _forward(self, observations: Any, n: int) -> tuple[Any, list[float | None], int | None]:
-        """One forward pass (or uniform draws), under a lock (the rng is shared)."""
+        discrete = isinstance(self.action_space, gym.spaces.Discrete)
         with self._lock:
             self.refresh()
             self.forward_passes += 1
             policy = self.policy
+            logp: list[float | None] = [None] * n
             if policy is None:
-                seed = int(self._rng.integers(2**63))
-                return codec.sample_batch(self.action_space, n, seed), [None] * n, None
-            actions, logp = policy.act(observations, self._rng)
-            return actions, logp.tolist(), policy.version
+                actions = codec.sample_batch(self.action_space, n, int(self._rng.integers(2**63)))
+            elif n == 1 and discrete and isinstance(batch, np.ndarray):
+                # one row: the policy's vector path costs a fraction of a batch's
+                action, logp[0] = policy.act_one(batch[0], self._rng)
+                return [int(action)], logp, policy.version
+            else:
+                actions, logp_array = policy.act(batch, self._rng)
+                logp = logp_array.tolist()
+        version = None if policy is None else policy.version
+        if discrete:
+            return np.asarray(actions, np.int64).tolist(), logp, version
+        # exactly what the column will hold (and refuses a NaN a bad network made)
+        return codec.to_arrow(self.action_space, actions, field="action").to_pylist(), logp, version

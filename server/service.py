@@ -49,7 +49,7 @@ class Service:
         self.episodes = EpisodeBook()
         self.metrics = Metrics()
         self.runner = PolicyRunner(
-            config.policy_source,
+            config.policy or config.data,
             self.observation_space,
             self.action_space,
             config.policy_poll_s,
