@@ -3,12 +3,8 @@
 ``create_app(config)`` opens the dataset and returns the app; ``app.extensions["rlpipe"]`` is the
 service, whose ``close()`` ends open episodes as truncated and closes the writer (the ``serve``
 command calls it at shutdown). The server serves no files and lists no directories: anything not
-routed here is a JSON 404.
-
-The step and upload resources are declared once, in :data:`server.routes.ROUTES`: registered
-here as Flask routes (the URL map the OpenAPI document is checked against, and what answers a
-body sent without a ``Content-Length``), and answered by :class:`server.wsgi.FastPath` in front
-of Flask otherwise.
+routed here is a JSON 404. The step and upload resources are those of
+:data:`server.routes.ROUTES`, which :class:`server.wsgi.FastPath` answers in front of Flask.
 """
 
 from __future__ import annotations

@@ -72,10 +72,9 @@ class EpisodeBook:
         """:meth:`get` for many ids under one acquisition of the lock."""
         with self._lock:
             found = [self._open.get(episode_id) for episode_id in episode_ids]
-        if any(episode is None for episode in found):
-            for episode_id, episode in zip(episode_ids, found, strict=True):
-                if episode is None:
-                    self.get(episode_id)  # raises the 404 or 409
+        for episode_id, episode in zip(episode_ids, found, strict=True):
+            if episode is None:
+                self.get(episode_id)  # raises the 404 or 409
         return found  # type: ignore[return-value]  # no None left
 
     def finish(self, episode: Episode) -> None:

@@ -103,10 +103,8 @@ class Stepper:
                     episode.check_form(multiagent)
                 request.bind(mine)
                 fresh.append(request)
-        if fresh:
-            answered = iter(self._step(fresh, episodes))
-            return [answers if answers is not None else next(answered) for answers in out]
-        return [answers for answers in out if answers is not None]
+        answered = iter(self._step(fresh, episodes) if fresh else [])
+        return [answers if answers is not None else next(answered) for answers in out]
 
     def _step(self, requests: list[Request], episodes: list[Episode]) -> list[list[Answer]]:
         service = self._service
