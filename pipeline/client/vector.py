@@ -1,16 +1,10 @@
 """Vectorized simulators: many episodes' steps in one call, and a gymnasium vector env's sub-envs
 as episodes.
 
-A simulator that steps N envs at once would pay N round trips through the one-episode verbs.
-:func:`step_many` sends the N steps in the server's columnar batch form (``docs/protocol.md``,
-"Vectorized simulators") as one request: one forward pass and one durable write on the server.
-Its rows carry each episode's request number, as the one-episode verbs' requests do, so a batch
-the transport sends again after its answer was lost gets its first answer again and is stored
-once (:mod:`server.replays`).
-
-:class:`VectorEpisodes` keeps the bookkeeping a gymnasium vector env needs on top: which episode
-each sub-env is in, a new one whenever a sub-env resets itself, and an action for a sub-env whose
-episode has just ended.
+:func:`step_many` sends N steps in the server's columnar batch form (``docs/protocol.md``,
+"Vectorized simulators"): one request, one forward pass and one durable write instead of N round
+trips. Its rows carry each episode's request number, so a batch sent again after its answer was
+lost gets its first answer again and is stored once.
 """
 
 from __future__ import annotations
@@ -256,16 +250,8 @@ class VectorEpisodes:
         if len(seeds) != n:
             raise SchemaError.single("seeds", f"{n} seeds", f"{len(seeds)}")
         ids = [self.client._new_episode_id() for _ in range(n)]
-        no = np.zeros(n, bool)
-        rows = _Rows(
-            ids,
-            _observation_rows(observations, n),
-            np.zeros(n),
-            no,
-            no,
-            [self._start(seed, options) for seed in seeds],
-        )
-        actions = _send(self.client, rows)
+        starts = [self._start(seed, options) for seed in seeds]
+        actions = step_many(self.client, ids, observations, starts=starts)
         self.episode_ids = list(ids)
         return self._batch(actions)
 
@@ -279,29 +265,21 @@ class VectorEpisodes:
     ) -> Any:
         """Log what the vector env's ``step`` returned; the actions for its next step."""
         n = self.num_envs
-        rows = _Rows(
-            [],
-            observations,
-            _rewards(rewards, n),
-            _flags(terminated, n, "terminated"),
-            _flags(truncated, n, "truncated"),
-        )
+        rewards, terminated = _rewards(rewards, n), _flags(terminated, n, "terminated")
+        truncated = _flags(truncated, n, "truncated")
         if self.autoreset_mode is AutoresetMode.SAME_STEP:
-            return self._same_step(rows, infos or {})
-        fresh = [i for i, episode_id in enumerate(self.episode_ids) if episode_id is None]
-        if fresh:  # they ended last step: these observations start their next episodes
-            rows.starts = [None] * n
-            for i in fresh:
+            return self._same_step(observations, rewards, terminated, truncated, infos or {})
+        fresh = np.array([episode_id is None for episode_id in self.episode_ids])
+        starts = None
+        if fresh.any():  # they ended last step: these observations start their next episodes
+            starts = [self._start(None, None) if new else None for new in fresh]
+            for i in np.flatnonzero(fresh).tolist():
                 self.episode_ids[i] = self.client._new_episode_id()
-                rows.starts[i] = self._start(None, None)
-            rows.rewards = rows.rewards.copy()
-            rows.rewards[fresh] = 0.0
-            rows.terminated, rows.truncated = rows.terminated.copy(), rows.truncated.copy()
-            rows.terminated[fresh] = rows.truncated[fresh] = False
-        rows.ids = list(self.episode_ids)  # type: ignore[arg-type]  # every sub-env has one now
-        rows.observations = _observation_rows(observations, n)
-        actions = _send(self.client, rows)
-        for i in np.flatnonzero(rows.terminated | rows.truncated).tolist():
+            rewards = np.where(fresh, 0.0, rewards)
+            terminated, truncated = terminated & ~fresh, truncated & ~fresh
+        ids: list[str] = self.episode_ids  # type: ignore[assignment]  # every sub-env has one now
+        actions = step_many(self.client, ids, observations, rewards, terminated, truncated, starts)
+        for i in np.flatnonzero(terminated | truncated).tolist():
             self.episode_ids[i] = None
         return self._batch(actions)
 
@@ -318,44 +296,43 @@ class VectorEpisodes:
         n = self.num_envs
         terminated = _flags(terminated, n, "terminated")
         done = terminated | _flags(truncated, n, "truncated")
-        if self.autoreset_mode is AutoresetMode.SAME_STEP:
+        ids = [episode_id for episode_id in self.episode_ids if episode_id is not None]
+        open_rows = [i for i, episode_id in enumerate(self.episode_ids) if episode_id]
+        if self.autoreset_mode is AutoresetMode.SAME_STEP:  # every sub-env has an episode
             finals = _final_observations(observations, done, infos or {})
-            open_rows = list(range(n))
         else:
-            open_rows = [i for i, episode_id in enumerate(self.episode_ids) if episode_id]
             finals = [row_of(observations, i) for i in open_rows]
         if open_rows:
-            ids = [episode_id for episode_id in self.episode_ids if episode_id is not None]
-            _send(
-                self.client,
-                _Rows(
-                    ids,
-                    _stacked(finals),
-                    _rewards(rewards, n)[open_rows],
-                    terminated[open_rows],
-                    ~terminated[open_rows],
-                ),
-            )
+            flags = terminated[open_rows]
+            rewards = _rewards(rewards, n)[open_rows]
+            step_many(self.client, ids, _stacked(finals), rewards, flags, ~flags)
         self.episode_ids = [None] * n
 
-    def _same_step(self, rows: _Rows, infos: Mapping[str, Any]) -> Any:
+    def _same_step(
+        self,
+        observations: Any,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        infos: Mapping[str, Any],
+    ) -> Any:
         """Each ended sub-env sends two rows: its final observation (``infos["final_obs"]``)
         ending the old episode, and the reset observation opening the new one."""
-        n, observations = self.num_envs, rows.observations
-        done = rows.terminated | rows.truncated
+        n = self.num_envs
+        done = terminated | truncated
         ended = np.flatnonzero(done).tolist()
-        batch = _final_observations(observations, done, infos)
+        finals = _final_observations(observations, done, infos)
         fresh = [self.client._new_episode_id() for _ in ended]
         extra = np.zeros(len(ended), bool)
-        rows = _Rows(
+        actions = step_many(
+            self.client,
             [i for i in self.episode_ids if i is not None] + fresh,
-            _stacked(batch + [row_of(observations, i) for i in ended]),
-            np.concatenate([rows.rewards, np.zeros(len(ended))]),
-            np.concatenate([rows.terminated, extra]),
-            np.concatenate([rows.truncated, extra]),
+            _stacked(finals + [row_of(observations, i) for i in ended]),
+            np.concatenate([rewards, np.zeros(len(ended))]),
+            np.concatenate([terminated, extra]),
+            np.concatenate([truncated, extra]),
             [None] * n + [self._start(None, None) for _ in ended],
         )
-        actions = _send(self.client, rows)
         for k, i in enumerate(ended):
             self.episode_ids[i] = fresh[k]
             actions[i] = actions[n + k]
@@ -371,17 +348,10 @@ class VectorEpisodes:
 
     def _batch(self, actions: list[Any]) -> Any:
         """The actions as the vector env takes them; an ended sub-env repeats its last one."""
-        if None in actions:
-            actions = [self._actions[i] if a is None else a for i, a in enumerate(actions)]
+        actions = [self._actions[i] if a is None else a for i, a in enumerate(actions)]
         self._actions = actions
         space = self.client._space()[1]
-        if isinstance(
-            space,
-            gym.spaces.Discrete
-            | gym.spaces.Box
-            | gym.spaces.MultiDiscrete
-            | gym.spaces.MultiBinary,
-        ):
+        if not isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):  # one array of actions
             return np.asarray(actions, dtype=space.dtype)
         values = [decoded(space, action) for action in actions]
         out: Any = gym.vector.utils.create_empty_array(space, self.num_envs)
