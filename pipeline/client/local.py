@@ -1,11 +1,8 @@
 """Local inference: the client acts with the policy it pulled and records the steps it takes.
 
-:class:`~pipeline.client.PolicyClient` in ``"local"`` mode hands its verbs here. Each call goes
-through the step core (:mod:`pipeline.recording.recorder`) exactly as a request does on the
-server: its values checked at the call (a step that cannot be stored is refused there, with a
-``SchemaError``), its rows completed by :func:`~pipeline.recording.recorder.complete`. The rows
-wait in a :class:`RowBuffer` until the upload thread (:mod:`pipeline.client.spool`) drains them
-into Arrow batches.
+Each call goes through the step core (:mod:`pipeline.recording.recorder`) as a request does on
+the server: a step that cannot be stored is refused at the call, with a ``SchemaError``. The rows
+wait in a :class:`RowBuffer` until the upload thread (:mod:`pipeline.client.spool`) drains them.
 """
 
 from __future__ import annotations
@@ -20,8 +17,9 @@ import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
+from pipeline.client.remote import opened
 from pipeline.client.transport import jsonable
-from pipeline.errors import EpisodeError, SchemaError
+from pipeline.errors import SchemaError
 from pipeline.format import codec, layout, schema
 from pipeline.policy.network import NumpyPolicy
 from pipeline.recording import batches, recorder
@@ -32,14 +30,8 @@ _AGENT = layout.DEFAULT_AGENT_ID
 
 
 class RowBuffer:
-    """Complete step rows (as columns) and episode summaries waiting for the upload thread.
-
-    Args:
-        observation_space: the dataset's observation space.
-        action_space: the dataset's action space.
-        ready_rows: complete steps that call ``on_ready``.
-        on_ready: wakes the upload thread (called without the buffer's lock).
-    """
+    """Complete step rows and episode summaries waiting for the upload thread; ``ready_rows``
+    waiting steps call ``on_ready`` (without the buffer's lock) to wake it."""
 
     def __init__(
         self,
@@ -92,16 +84,8 @@ class RowBuffer:
 
 
 class LocalInference:
-    """The episodes a local-inference client has open, and the policy it acts with.
-
-    Args:
-        observation_space: the server's observation space.
-        action_space: the server's action space.
-        env_id: recorded with each episode.
-        client_id: recorded with each row.
-        rng: samples actions.
-        rows: where complete rows wait for the upload thread.
-    """
+    """The episodes a local-inference client has open, and the policy it acts with; ``rng``
+    samples actions, ``rows`` holds complete rows for the upload thread."""
 
     def __init__(
         self,
@@ -137,13 +121,7 @@ class LocalInference:
         )
 
     def episode(self, episode_id: str) -> Episode:
-        try:
-            return self._episodes[episode_id]
-        except KeyError:
-            raise EpisodeError(
-                404,
-                f"episode '{episode_id}' is not open in this client; call start_episode() first",
-            ) from None
+        return opened(self._episodes, episode_id)
 
     def step(self, episode_id: str, observation: Any, action: Any, multiagent: bool) -> Any:
         """get_action (``action`` None: the policy picks, and the action is returned) or
@@ -171,15 +149,12 @@ class LocalInference:
         return chosen if multiagent else chosen.get(_AGENT)
 
     def add_returns(self, episode_id: str, returns: Returns) -> None:
-        """log_returns (the reward checked: one that makes a sum non-finite is refused)."""
         self.episode(episode_id).add_returns(returns)
 
     def add_reward(self, episode_id: str, reward: float) -> None:
-        """log_returns of one agent's reward alone: the common case, kept short."""
         self.episode(episode_id).add_reward(_AGENT, reward)
 
     def end(self, episode_id: str, observation: Any, truncated: bool, multiagent: bool) -> None:
-        """The episode's last observation: its final rows and its episodes-table rows."""
         end = recorder.TRUNCATED if truncated else recorder.TERMINATED
         steps = self._steps(self.episode(episode_id), observation, multiagent, end)
         done = recorder.complete(steps)

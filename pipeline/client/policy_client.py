@@ -1,17 +1,10 @@
 """PolicyClient: RLlib's client verbs over rlpipe's safe HTTP protocol (``docs/protocol.md``).
 
 Code written against ``ray.rllib.env.policy_client.PolicyClient`` runs with only the import
-changed. Two modes, as in RLlib:
-
-- ``"remote"``: the server picks every action (:mod:`pipeline.client.remote`). A step costs
-  one round trip: rewards logged with :meth:`log_returns` ride on the next request.
-- ``"local"``: the client runs the policy itself (:mod:`pipeline.client.local`: numpy, with
-  weights it pulls every ``update_interval`` seconds) and uploads steps in numbered batches
-  from a background thread, spooling them to disk while the server cannot take them, so a
-  server that blinks costs neither waiting nor data (:mod:`pipeline.client.spool` says exactly
-  what survives what).
-
-Importing this module imports neither torch nor Flask.
+changed. In ``"remote"`` mode the server picks every action (:mod:`pipeline.client.remote`); in
+``"local"`` mode the client acts with the numpy policy it pulls (:mod:`pipeline.client.local`)
+and uploads steps from a background thread (:mod:`pipeline.client.spool` says what survives
+what).
 """
 
 from __future__ import annotations
@@ -110,7 +103,7 @@ class PolicyClient:
         self.client_id = secrets.token_hex(8)
         self._http = Http(address, session, timeout, token, verify)
         self._spaces: tuple[gym.Space[Any], gym.Space[Any], str | None] | None = None
-        self._agent_ids: dict[str, AgentIds] = {}  # per multi-agent episode, made on first use
+        self._agent_ids: dict[str, AgentIds] = {}  # per multi-agent episode
         self._episode_numbers = itertools.count()
         self._pulled = 0.0
         self._uploader: Uploader | None = None
@@ -223,12 +216,10 @@ class PolicyClient:
         if response.status_code == 304:
             return
         new = int(response.headers["X-Rlpipe-Policy-Version"])
-        path = self._weights_dir / f"policy-{new:08d}.npz"
-        path.write_bytes(response.content)
-        try:
+        with tempfile.TemporaryDirectory(prefix="rlpipe-weights-") as directory:
+            path = Path(directory) / f"policy-{new:08d}.npz"  # the name load_checkpoint reads
+            path.write_bytes(response.content)
             checkpoint = load_checkpoint(path)
-        finally:
-            path.unlink()
         local.policy = policy_for(checkpoint, local.observation_space, local.action_space)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
@@ -248,7 +239,6 @@ class PolicyClient:
             return delivered
         self._local.close_all()  # as the server closes the episodes a client abandons
         delivered = self._uploader.close(timeout_s)
-        shutil.rmtree(self._weights_dir, ignore_errors=True)
         self._http.close()
         if self._own_spool is not None and delivered:
             shutil.rmtree(self._own_spool, ignore_errors=True)
@@ -271,10 +261,7 @@ class PolicyClient:
         return f"{self.client_id}{next(self._episode_numbers):08x}"
 
     def _ids(self, episode_id: str) -> AgentIds:
-        ids = self._agent_ids.get(episode_id)
-        if ids is None:
-            ids = self._agent_ids[episode_id] = AgentIds()
-        return ids
+        return self._agent_ids.setdefault(episode_id, AgentIds())
 
     # --- local inference -------------------------------------------------------------------
 
@@ -289,8 +276,6 @@ class PolicyClient:
             self._own_spool = spool_dir = Path(tempfile.mkdtemp(prefix="rlpipe-spool-"))
         spool = Spool(spool_dir)
         self.spool_dir = spool.directory
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="rlpipe-weights-"))
-        self._load_spaces(spool.directory / "spaces.json")
         observation_space, action_space, env_id = self._space()
         rows = RowBuffer(observation_space, action_space, upload_rows, self._wake)
         self._inference = self._local = LocalInference(
@@ -301,7 +286,8 @@ class PolicyClient:
             np.random.default_rng(seed),
             rows,
         )
-        self._try_pull()
+        with contextlib.suppress(ServerUnavailable):
+            self.update_policy_weights()
         self._uploader = Uploader(
             self.client_id, rows, self._send, spool, upload_interval_s, self._tick
         )
@@ -338,20 +324,21 @@ class PolicyClient:
     # --- spaces ----------------------------------------------------------------------------
 
     def _space(self) -> tuple[gym.Space[Any], gym.Space[Any], str | None]:
-        if self._spaces is None:
-            self._spaces = parse_spaces(self._http.call("GET", "/v1/spaces").json())
-        return self._spaces
-
-    def _load_spaces(self, cache: Path) -> None:
-        """Spaces from the server, else from the spool's copy (a client may start offline)."""
+        """Spaces from the server, else from the spool's copy (a local client may start
+        offline); read once."""
+        if self._spaces is not None:
+            return self._spaces
+        cache = None if self.spool_dir is None else self.spool_dir / "spaces.json"
         try:
             doc = self._http.call("GET", "/v1/spaces").json()
-            cache.write_text(json.dumps(doc))
+            if cache is not None:
+                cache.write_text(json.dumps(doc))
         except ServerUnavailable:
-            if not cache.exists():
+            if cache is None or not cache.exists():
                 raise
             doc = json.loads(cache.read_text())
         self._spaces = parse_spaces(doc)
+        return self._spaces
 
     def _multiagent(self, observation: Any) -> bool:
         """A dict is per-agent unless the observation space itself is a Dict with its keys."""
@@ -359,10 +346,6 @@ class PolicyClient:
             return False
         space = self._space()[0]
         return not (isinstance(space, gym.spaces.Dict) and set(observation) == set(space.keys()))
-
-    def _try_pull(self) -> None:
-        with contextlib.suppress(ServerUnavailable):
-            self.update_policy_weights()
 
 
 _AGENT = layout.DEFAULT_AGENT_ID

@@ -1,30 +1,28 @@
 """Remote inference: the server picks every action, and a step costs one round trip.
 
-:class:`~pipeline.client.PolicyClient` in ``"remote"`` mode hands its verbs here, as it hands
-them to :class:`~pipeline.client.local.LocalInference` in local mode: the same methods, so the
-same calls reach the step core (on the server, here) in either mode. Rewards, infos and done
-flags logged with :meth:`RemoteInference.add_returns` ride on the episode's next request instead
-of making their own; each request carries its number in the episode, so a retry is recognised.
+:class:`RemoteInference` has :class:`~pipeline.client.local.LocalInference`'s methods. Rewards,
+infos and done flags logged with :meth:`RemoteInference.add_returns` ride on the episode's next
+request; each request carries its number in the episode, so a retry is recognised.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import gymnasium as gym
 import numpy as np
 
 from pipeline.client.transport import Http, jsonable
-from pipeline.errors import EpisodeError, SchemaError, ServerError
+from pipeline.errors import EpisodeError, ServerError
 from pipeline.format import layout
-from pipeline.recording.episode import Returns, reward_field
+from pipeline.recording.episode import Returns, reward_field, reward_sum
 
 _AGENT = layout.DEFAULT_AGENT_ID
 _log = logging.getLogger("rlpipe.client")
+_E = TypeVar("_E")
 
 
 class RemoteEpisode:
@@ -40,48 +38,28 @@ class RemoteEpisode:
     def add(self, returns: Returns) -> None:
         """Keep what rides on the next request; a reward that would make a sum non-finite is
         refused here (the server would refuse the next request instead)."""
-        sums = {}
-        for agent_id, reward in returns.rewards.items():
-            total = self.rewards.get(agent_id, 0.0) + float(reward)
-            sent = self.sent_rewards.get(agent_id, 0.0)
-            if not (math.isfinite(total) and math.isfinite(sent + total)):
-                raise SchemaError.single(
-                    reward_field(agent_id),
-                    "a reward that keeps the step's reward sum and the return finite",
-                    repr(reward),
-                )
-            sums[agent_id] = total
+        sums = {
+            agent_id: reward_sum(
+                self.rewards.get(agent_id, 0.0),
+                float(reward),
+                self.sent_rewards.get(agent_id, 0.0),
+                reward_field(agent_id),
+            )
+            for agent_id, reward in returns.rewards.items()
+        }
         self.rewards.update(sums)
         self.infos.update(returns.infos)
         self.dones.update(returns.dones)
 
     def body(self, multiagent: bool, observation: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"request": self.request + 1}
-        if multiagent:
-            body.update(
-                observations=observation,
-                rewards=self.rewards,
-                infos=jsonable(self.infos),
-                dones=self.dones,
-            )
-        else:
-            body.update(
-                observation=observation,
-                reward=self.rewards.get(_AGENT, 0.0),
-                info=jsonable(self.infos.get(_AGENT)),
-            )
-        return body
+        key = "observations" if multiagent else "observation"
+        return {"request": self.request + 1, key: observation, **self.returns(multiagent)}
 
-    def held(self) -> dict[str, Any] | None:
-        """What is held for the next request as a ``returns`` body (None: nothing held)."""
-        if not (self.rewards or self.infos or self.dones):
-            return None
-        if not self.dones and set(self.rewards) | set(self.infos) <= {_AGENT}:
-            return {
-                "reward": self.rewards.get(_AGENT, 0.0),
-                "info": jsonable(self.infos.get(_AGENT)),
-            }
-        return {"rewards": self.rewards, "infos": jsonable(self.infos), "dones": self.dones}
+    def returns(self, multiagent: bool) -> dict[str, Any]:
+        """What is held for the next request, in a single-agent or multi-agent body's form."""
+        if multiagent:
+            return {"rewards": self.rewards, "infos": jsonable(self.infos), "dones": self.dones}
+        return {"reward": self.rewards.get(_AGENT, 0.0), "info": jsonable(self.infos.get(_AGENT))}
 
     def sent(self) -> None:
         self.request += 1
@@ -92,13 +70,8 @@ class RemoteEpisode:
 
 
 class RemoteInference:
-    """The episodes a remote-inference client has open, and the requests that step them.
-
-    Args:
-        http: the client's connection to the server.
-        client_id: recorded with each episode.
-        action_space: gives the server's action space (read once, when first needed).
-    """
+    """The episodes a remote-inference client has open, and the requests that step them;
+    ``action_space`` gives the server's action space (read when first needed)."""
 
     def __init__(
         self, http: Http, client_id: str, action_space: Callable[[], gym.Space[Any]]
@@ -125,14 +98,7 @@ class RemoteInference:
         self.episodes[episode_id] = RemoteEpisode()
 
     def episode(self, episode_id: str) -> RemoteEpisode:
-        try:
-            return self.episodes[episode_id]
-        except KeyError:
-            raise EpisodeError(
-                404,
-                f"episode '{episode_id}' was not started by this client; "
-                "call start_episode() first",
-            ) from None
+        return opened(self.episodes, episode_id)
 
     def step(self, episode_id: str, observation: Any, action: Any, multiagent: bool) -> Any:
         """get_action (``action`` None: the server picks, and the action is returned) or
@@ -159,12 +125,12 @@ class RemoteInference:
     def close_all(self) -> bool:
         """Send the rewards still held for a next request on their own; True when all went."""
         for episode_id, state in self.episodes.items():
-            body = state.held()
-            if body is None:
+            if not (state.rewards or state.infos or state.dones):
                 continue
+            multiagent = bool(state.dones) or not set(state.rewards) | set(state.infos) <= {_AGENT}
             try:
                 path = f"/v1/episodes/{quote(episode_id, safe='')}/returns"
-                self.http.call("POST", path, json=body)
+                self.http.call("POST", path, json=state.returns(multiagent))
             except ServerError as error:
                 _log.warning("rewards of episode '%s' were not delivered: %s", episode_id, error)
                 return False
@@ -172,6 +138,7 @@ class RemoteInference:
         return True
 
     def decode(self, value: Any) -> Any:
+        """The server's action as the env takes it (the space is read for a list only)."""
         return decoded(self._action_space(), value) if isinstance(value, list) else value
 
     def _request(
@@ -185,6 +152,17 @@ class RemoteInference:
         state.sent()
         answer: dict[str, Any] = response.json()
         return answer
+
+
+def opened(episodes: dict[str, _E], episode_id: str) -> _E:
+    """An episode this client started (remote or local); else an EpisodeError (404)."""
+    try:
+        return episodes[episode_id]
+    except KeyError:
+        raise EpisodeError(
+            404,
+            f"episode '{episode_id}' was not started by this client; call start_episode() first",
+        ) from None
 
 
 def decoded(action_space: gym.Space[Any], value: Any) -> Any:

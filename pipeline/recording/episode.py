@@ -45,19 +45,8 @@ class AgentState:
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def with_reward(self, reward: float, name: str = "reward") -> float:
-        """The pending reward plus ``reward``, refused when it or the return is not finite.
-
-        Raises:
-            SchemaError: naming ``name``: accepted, the sum would fail a later call instead.
-        """
-        total = self.reward + reward
-        if not (math.isfinite(total) and math.isfinite(self.episode_return + total)):
-            raise SchemaError.single(
-                name,
-                "a reward that keeps the step's reward sum and the return finite",
-                f"{reward!r} (pending {self.reward!r}, return {self.episode_return!r})",
-            )
-        return total
+        """The pending reward plus ``reward`` (see :func:`reward_sum`)."""
+        return reward_sum(self.reward, reward, self.episode_return, name)
 
     def advance(self, reward: float, terminated: bool) -> None:
         """The pending step's row is safe (with ``reward``): count it, clear what it held."""
@@ -177,6 +166,22 @@ def unattributed(episode_id: str, agent_id: str, reward: float) -> None:
             agent_id,
             reward,
         )
+
+
+def reward_sum(pending: float, reward: float, episode_return: float, name: str) -> float:
+    """``pending + reward``, refused when it or the return would not be finite.
+
+    Raises:
+        SchemaError: naming ``name``: accepted, the sum would fail a later call instead.
+    """
+    total = pending + reward
+    if not (math.isfinite(total) and math.isfinite(episode_return + total)):
+        raise SchemaError.single(
+            name,
+            "a reward that keeps the step's reward sum and the return finite",
+            f"{reward!r} (pending {pending!r}, return {episode_return!r})",
+        )
+    return total
 
 
 def reward_field(agent_id: str) -> str:
