@@ -19,6 +19,7 @@ that window only by the send, and cost a disk flush per batch even when the serv
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
 import re
@@ -82,17 +83,9 @@ class Spool:
 
 
 class Uploader:
-    """Delivers the rows waiting in ``rows`` from a background thread.
-
-    Args:
-        client_id: names this client's uploads; with ``seq`` it makes retries idempotent.
-        rows: where complete rows wait (:class:`~pipeline.client.local.RowBuffer`).
-        send: delivers one batch (see ``Send``).
-        spool: where undeliverable batches wait.
-        interval_s: the longest rows wait in memory (``rows`` wakes the thread sooner when
-            enough are waiting).
-        on_tick: called from the background thread each cycle (weights refresh).
-    """
+    """Delivers the rows waiting in ``rows`` from a background thread, at least every
+    ``interval_s`` (sooner when woken), as batches numbered under ``client_id``; ``on_tick`` runs
+    in that thread each cycle (weights refresh)."""
 
     def __init__(
         self,
@@ -112,10 +105,9 @@ class Uploader:
         self._stop = threading.Event()
         self._idle = threading.Condition(self._lock)
         self._busy = False
-        self._seq = 0
+        self._seq = itertools.count()
         self._not_before = 0.0
         self.failure: BaseException | None = None
-        self.uploaded = 0
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rlpipe-upload")
         self._thread.start()
 
@@ -143,7 +135,7 @@ class Uploader:
         self._wake.set()
         self._thread.join()
         try:
-            self._spill()  # whatever is still in memory goes to disk, for a later client
+            self._put(self._number())  # what is still in memory goes to disk, for a later client
         except Exception as error:  # rows that cannot be built stay unsent: say so
             self.failure = self.failure or error
             _log.error("steps kept in memory could not be spooled: %s", error)
@@ -185,7 +177,6 @@ class Uploader:
                 self._not_before = time.monotonic() + wait
                 return
             path.unlink(missing_ok=True)
-            self.uploaded += 1
         for index, (seq, table, body) in enumerate(fresh):
             try:
                 wait = self._send(self.client_id, seq, table, body)
@@ -196,20 +187,11 @@ class Uploader:
                 self._not_before = time.monotonic() + wait
                 self._put(fresh[index:])
                 return
-            self.uploaded += 1
-
-    def _spill(self) -> None:
-        """Whatever is buffered goes to disk, to be sent by this client or a later one."""
-        self._put(self._number())
 
     def _number(self) -> list[tuple[int, str, bytes]]:
         """Turn waiting rows into numbered batches: a batch keeps its number for life, whether
         it is sent from memory now or from the spool by a later client instance."""
-        batches: list[tuple[int, str, bytes]] = []
-        for table, batch in self._rows.drain():
-            batches.append((self._seq, table, to_ipc(batch)))
-            self._seq += 1
-        return batches
+        return [(next(self._seq), table, to_ipc(batch)) for table, batch in self._rows.drain()]
 
     def _put(self, batches: list[tuple[int, str, bytes]]) -> None:
         for seq, table, body in batches:

@@ -95,9 +95,6 @@ class Completion:
     ending: list[Episode] = field(default_factory=list)
     sums: list[tuple[AgentState, float]] = field(default_factory=list)  # unobserved agents'
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
     @property
     def columns(self) -> dict[str, list[Any]]:
         """The rows column by column, as the writer takes them."""
@@ -114,11 +111,7 @@ def columns_of(rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
 
 def complete(steps: Steps) -> Completion:
     """The rows ``steps`` complete, the rows that act and the summaries of the episodes that
-    end, with every agent's state unchanged.
-
-    Raises:
-        SchemaError: a reward that would make a sum non-finite (naming it); nothing changes.
-    """
+    end, with every agent's state unchanged (a SchemaError for a non-finite reward sum)."""
     done = Completion()
     ends = steps.ends
     for i, (episode, agent_id) in enumerate(zip(steps.episodes, steps.agent_ids, strict=True)):
@@ -132,19 +125,8 @@ def complete(steps: Steps) -> Completion:
         else:
             reward = state.with_reward(steps.rewards[i], reward_field(agent_id))
             info = steps.infos[i] if steps.infos is not None else None
-            terminated = end == TERMINATED or flagged
-            _add(
-                done,
-                episode,
-                agent_id,
-                state,
-                state.pending,
-                reward,
-                steps.observation(i),
-                info,
-                terminated,
-                end == TRUNCATED and not terminated,
-            )
+            ended = end == TERMINATED or flagged, end == TRUNCATED and not flagged
+            _add(done, episode, agent_id, state, reward, steps.observation(i), info, *ended)
         if end is None and not flagged:
             done.acting.append(i)
     if steps.returns or ends:
@@ -232,21 +214,20 @@ def summary_rows(
     return out
 
 
-# --- inside complete -------------------------------------------------------------------------
-
-
 def _add(
     done: Completion,
     episode: Episode,
     agent_id: str,
     state: AgentState,
-    pending: Pending,
     reward: float,
     next_observation: Any,
     info: Any,
     terminated: bool,
     truncated: bool,
 ) -> None:
+    """The row of ``state``'s pending step, ended at ``next_observation``."""
+    pending = state.pending
+    assert pending is not None  # the callers' check: only a pending step completes
     done.rows.append(
         (
             episode.episode_id,
@@ -307,19 +288,9 @@ def _close_rows(
         if agent_id in observed or pending is None:
             continue
         terminated = state.terminated or returns.dones.get(agent_id, False)
-        reward = sums.get(agent_id, state.reward)
-        _add(
-            done,
-            episode,
-            agent_id,
-            state,
-            pending,
-            reward,
-            pending.observation,
-            returns.infos.get(agent_id),
-            terminated,
-            not terminated,
-        )
+        reward, info = sums.get(agent_id, state.reward), returns.infos.get(agent_id)
+        ended = terminated, not terminated
+        _add(done, episode, agent_id, state, reward, pending.observation, info, *ended)
 
 
 def _observed(steps: Steps) -> dict[str, frozenset[str]]:
