@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -20,7 +19,7 @@ import numpy as np
 import orjson
 from gymnasium.vector import AutoresetMode
 
-from pipeline.client.remote import RemoteEpisode, decoded
+from pipeline.client.remote import RemoteEpisode, RemoteInference, decoded
 from pipeline.client.transport import jsonable
 from pipeline.errors import ConfigError, SchemaError
 from pipeline.format import layout
@@ -51,69 +50,47 @@ def step_many(
     ``starts[i]`` (``{}``, or with ``seed``, ``options``, ``training_enabled``) opens the episode
     first; None continues one opened before.
     """
-    ids = list(episode_ids)
-    n = len(ids)
+    n = len(episode_ids)
     for name, column in (("starts", starts), ("infos", infos)):
         if column is not None and len(column) != n:
             raise SchemaError.single(name, f"{n} entries (one per episode id)", f"{len(column)}")
-    rows = _Rows(
-        ids,
-        _observation_rows(observations, n),
-        _rewards(rewards, n),
-        _flags(terminated, n, "terminated"),
-        _flags(truncated, n, "truncated"),
-        None if starts is None else list(starts),
-        infos,
-    )
-    actions = _send(client, rows)
+    rows: dict[str, Any] = {  # the server's batch form, checked; _send completes it
+        "episode_ids": list(episode_ids),
+        "observations": _observation_rows(observations, n),
+        "rewards": _rewards(rewards, n),
+        "terminated": _flags(terminated, n, "terminated"),
+        "truncated": _flags(truncated, n, "truncated"),
+        "starts": None if starts is None else list(starts),
+        "infos": infos,
+    }
+    if client._remote is None:
+        return _local(client, rows)
+    actions = _send(client._remote, client.client_id, rows)
     space = client._space()[1]
     return [None if action is None else decoded(space, action) for action in actions]
 
 
-@dataclass
-class _Rows:
-    """Checked rows of one call: what :func:`_send` takes."""
-
-    ids: list[str]
-    observations: Any  # an array of n rows, or a list of n single observations
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    starts: list[Any] | None = None  # None: no row starts an episode
-    infos: Sequence[Any] | None = None
-
-
-def _send(client: PolicyClient, rows: _Rows) -> list[Any]:
-    """The rows as one request (remote), or through the one-episode verbs (local); the actions
-    as JSON values (remote) or as the verbs return them (local)."""
-    remote = client._remote
-    if remote is None:
-        return _local(client, rows)
-    registry = remote.episodes
-    for episode_id, start in zip(rows.ids, rows.starts or (), strict=False):
+def _send(remote: RemoteInference, client_id: str, rows: dict[str, Any]) -> list[Any]:
+    """The rows as one request; the actions as JSON values."""
+    ids, registry = rows["episode_ids"], remote.episodes
+    for episode_id, start in zip(ids, rows["starts"] or (), strict=False):
         if start is not None and episode_id not in registry:
             registry[episode_id] = RemoteEpisode()
-    states = [registry.get(i) or remote.episode(i) for i in rows.ids]
+    states = [registry.get(i) or remote.episode(i) for i in ids]
     logged = [state.rewards.get(_AGENT, 0.0) if state.rewards else 0.0 for state in states]
-    body: dict[str, Any] = {
-        "episode_ids": rows.ids,
-        "observations": rows.observations,
-        "rewards": rows.rewards + logged,
-        "terminated": rows.terminated,
-        "truncated": rows.truncated,
-        "requests": [state.request + 1 for state in states],
-    }
-    if rows.starts is not None:
-        mine = {"client_id": client.client_id}
-        body["starts"] = [None if start is None else {**mine, **start} for start in rows.starts]
-    if rows.infos is not None:
-        body["infos"] = [jsonable(info) for info in rows.infos]
+    body = {key: value for key, value in rows.items() if value is not None}
+    body.update(rewards=rows["rewards"] + logged, requests=[state.request + 1 for state in states])
+    if "starts" in body:
+        mine = {"client_id": client_id}
+        body["starts"] = [None if start is None else {**mine, **start} for start in body["starts"]]
+    if "infos" in body:
+        body["infos"] = [jsonable(info) for info in body["infos"]]
     response = remote.http.call("POST", "/v1/actions", data=_encode(body), headers=_JSON)
     actions: list[Any] = orjson.loads(response.content)["actions"]
     for state in states:
         state.sent()
-    for i in np.flatnonzero(rows.terminated | rows.truncated).tolist():
-        del registry[rows.ids[i]]
+    for i in np.flatnonzero(rows["terminated"] | rows["truncated"]).tolist():
+        del registry[ids[i]]
     return actions
 
 
@@ -132,12 +109,13 @@ def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps(jsonable(body), separators=(",", ":")).encode()
 
 
-def _local(client: PolicyClient, rows: _Rows) -> list[Any]:
+def _local(client: PolicyClient, rows: dict[str, Any]) -> list[Any]:
     """Local inference: the one-episode verbs, row by row (no round trips to save)."""
     actions: list[Any] = []
-    for i, episode_id in enumerate(rows.ids):
-        start = None if rows.starts is None else rows.starts[i]
-        observation, info = row_of(rows.observations, i), rows.infos and rows.infos[i]
+    starts, infos = rows["starts"], rows["infos"]
+    for i, episode_id in enumerate(rows["episode_ids"]):
+        start, info = starts and starts[i], infos and infos[i]
+        observation, reward = row_of(rows["observations"], i), float(rows["rewards"][i])
         if start is not None:
             client.start_episode(
                 episode_id,
@@ -145,10 +123,10 @@ def _local(client: PolicyClient, rows: _Rows) -> list[Any]:
                 start.get("seed"),
                 start.get("options"),
             )
-        if rows.rewards[i] != 0.0 or info is not None:
-            client.log_returns(episode_id, float(rows.rewards[i]), info)
-        if rows.terminated[i] or rows.truncated[i]:
-            client.end_episode(episode_id, observation, truncated=not rows.terminated[i])
+        if reward != 0.0 or info is not None:
+            client.log_returns(episode_id, reward, info)
+        if rows["terminated"][i] or rows["truncated"][i]:
+            client.end_episode(episode_id, observation, truncated=not rows["terminated"][i])
             actions.append(None)
         else:
             actions.append(client.get_action(episode_id, observation))
