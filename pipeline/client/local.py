@@ -162,13 +162,14 @@ class LocalInference:
         recorder.commit(steps, done, [], [], None)
         del self._episodes[episode_id]
 
-    def close_all(self) -> None:
+    def close_all(self) -> bool:
         """Close the episodes still open, as the server closes abandoned ones: their pending
-        steps truncated, ``end_reason`` ``closed``."""
+        steps truncated, ``end_reason`` ``closed``; their rows wait for the upload thread."""
         for episode_id in list(self._episodes):
             done = recorder.close(self._episodes.pop(episode_id), CLOSED)
             self.rows.add(done)
             recorder.settle(done)
+        return True
 
     def _steps(
         self, episode: Episode, observation: Any, multiagent: bool, end: str | None

@@ -233,12 +233,9 @@ class PolicyClient:
         Remote mode sends the rewards still held for a next request; local mode closes the
         episodes still open as the server closes abandoned ones, and undelivered batches stay
         in the spool."""
-        if self._local is None or self._uploader is None:
-            delivered = self._remote.close_all() if self._remote is not None else True
-            self._http.close()
-            return delivered
-        self._local.close_all()  # as the server closes the episodes a client abandons
-        delivered = self._uploader.close(timeout_s)
+        delivered = self._inference.close_all()
+        if self._uploader is not None:
+            delivered = self._uploader.close(timeout_s)
         self._http.close()
         if self._own_spool is not None and delivered:
             shutil.rmtree(self._own_spool, ignore_errors=True)

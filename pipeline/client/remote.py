@@ -18,7 +18,7 @@ import numpy as np
 from pipeline.client.transport import Http, jsonable
 from pipeline.errors import EpisodeError, ServerError
 from pipeline.format import layout
-from pipeline.recording.episode import Returns, reward_field, reward_sum
+from pipeline.recording.episode import Returns, reward_sum
 
 _AGENT = layout.DEFAULT_AGENT_ID
 _log = logging.getLogger("rlpipe.client")
@@ -43,7 +43,7 @@ class RemoteEpisode:
                 self.rewards.get(agent_id, 0.0),
                 float(reward),
                 self.sent_rewards.get(agent_id, 0.0),
-                reward_field(agent_id),
+                agent_id,
             )
             for agent_id, reward in returns.rewards.items()
         }

@@ -44,10 +44,6 @@ class AgentState:
     length: int = 0
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
-    def with_reward(self, reward: float, name: str = "reward") -> float:
-        """The pending reward plus ``reward`` (see :func:`reward_sum`)."""
-        return reward_sum(self.reward, reward, self.episode_return, name)
-
     def advance(self, reward: float, terminated: bool) -> None:
         """The pending step's row is safe (with ``reward``): count it, clear what it held."""
         self.t += 1
@@ -78,12 +74,8 @@ class Episode:
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def check_form(self, multiagent: bool) -> None:
-        """An episode is single-agent or multi-agent from its first step on, not both (the
-        caller sets :attr:`multiagent` once that step is safe: a refused one fixes nothing).
-
-        Raises:
-            SchemaError: naming the field the episode's form takes.
-        """
+        """A SchemaError unless the step has the episode's form, single- or multi-agent (the
+        caller sets :attr:`multiagent` once the first step is safe: a refused one fixes nothing)."""
         if self.multiagent is not None and self.multiagent != multiagent:
             want, got = ("observations", "observation")[:: 1 if self.multiagent else -1]
             form = "multi" if self.multiagent else "single"
@@ -103,7 +95,7 @@ class Episode:
         if state is None or state.pending is None:
             unattributed(self.episode_id, agent_id, reward)
         else:
-            state.reward = state.with_reward(reward, reward_field(agent_id))
+            state.reward = reward_sum(state.reward, reward, state.episode_return, agent_id)
 
     def add_returns(self, returns: Returns) -> None:
         """log_returns: rewards and infos for the agents' pending steps, and done flags.
@@ -141,7 +133,7 @@ class Returns:
             if state is None or state.pending is None:
                 unattributed(episode.episode_id, agent_id, reward)
             else:
-                sums[agent_id] = state.with_reward(reward, reward_field(agent_id))
+                sums[agent_id] = reward_sum(state.reward, reward, state.episode_return, agent_id)
         return sums
 
     def apply(self, episode: Episode, skip: frozenset[str] = frozenset()) -> None:
@@ -168,22 +160,15 @@ def unattributed(episode_id: str, agent_id: str, reward: float) -> None:
         )
 
 
-def reward_sum(pending: float, reward: float, episode_return: float, name: str) -> float:
-    """``pending + reward``, refused when it or the return would not be finite.
-
-    Raises:
-        SchemaError: naming ``name``: accepted, the sum would fail a later call instead.
-    """
+def reward_sum(pending: float, reward: float, episode_return: float, agent_id: str) -> float:
+    """An agent's ``pending`` reward plus ``reward``; a SchemaError, naming ``reward`` (or
+    ``rewards.{id}`` per agent), when it or the return would not be finite (accepted, the sum
+    would fail a later call instead)."""
     total = pending + reward
     if not (math.isfinite(total) and math.isfinite(episode_return + total)):
         raise SchemaError.single(
-            name,
+            "reward" if agent_id == layout.DEFAULT_AGENT_ID else f"rewards.{agent_id}",
             "a reward that keeps the step's reward sum and the return finite",
             f"{reward!r} (pending {pending!r}, return {episode_return!r})",
         )
     return total
-
-
-def reward_field(agent_id: str) -> str:
-    """How a reward is named in errors: ``reward`` single-agent, ``rewards.{id}`` per agent."""
-    return "reward" if agent_id == layout.DEFAULT_AGENT_ID else f"rewards.{agent_id}"

@@ -39,7 +39,7 @@ from pipeline.recording.episode import (
     Episode,
     Pending,
     Returns,
-    reward_field,
+    reward_sum,
     unattributed,
 )
 
@@ -123,7 +123,7 @@ def complete(steps: Steps) -> Completion:
         if state is None or state.pending is None:
             unattributed(episode.episode_id, agent_id, steps.rewards[i])
         else:
-            reward = state.with_reward(steps.rewards[i], reward_field(agent_id))
+            reward = reward_sum(state.reward, steps.rewards[i], state.episode_return, agent_id)
             info = steps.infos[i] if steps.infos is not None else None
             ended = end == TERMINATED or flagged, end == TRUNCATED and not flagged
             _add(done, episode, agent_id, state, reward, steps.observation(i), info, *ended)
