@@ -9,6 +9,7 @@ lost gets its first answer again and is stored once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -134,7 +135,7 @@ def _local(client: PolicyClient, rows: dict[str, Any]) -> list[Any]:
 
 
 def _observation_rows(observations: Any, n: int) -> Any:
-    """An array of ``n`` rows as it is (the cheap body), anything else as ``n`` single ones."""
+    """``n`` rows as one array where they are one (the cheap body), else as ``n`` single ones."""
     if isinstance(observations, np.ndarray):
         if (len(observations) if observations.ndim else 0) != n:
             raise SchemaError.single(
@@ -146,6 +147,9 @@ def _observation_rows(observations: Any, n: int) -> Any:
     rows = list(observations)
     if len(rows) != n:
         raise SchemaError.single("observations", f"{n} rows (one per episode id)", f"{len(rows)}")
+    if rows and all(isinstance(row, np.ndarray) for row in rows):
+        with contextlib.suppress(ValueError):  # arrays of different shapes stay a list
+            return np.stack(rows)
     return rows
 
 
@@ -171,20 +175,13 @@ def _flags(values: Any, n: int, name: str) -> np.ndarray:
 
 
 class VectorEpisodes:
-    """The sub-envs of a gymnasium vector env as episodes of one client: each vector step is one
-    call of :func:`step_many` (one request in remote mode).
+    """The sub-envs of a gymnasium vector env as episodes of one client (remote or local): each
+    vector step is one call of :func:`step_many`.
 
-    Each sub-env is in one episode at a time; when it resets itself (``autoreset_mode``, the
-    vector env's ``metadata["autoreset_mode"]``), its next observation opens a new episode. A
-    sub-env whose episode ended still needs an action for the vector env's next step (which the
-    env ignores under next-step autoreset): it gets its previous one.
-
-    Args:
-        client: the client the episodes belong to (remote or local inference).
-        num_envs: the vector env's ``num_envs``.
-        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (gymnasium's default) or ``SAME_STEP``
-            (the final observations ride in ``infos["final_obs"]``).
-        training_enabled: recorded with every episode.
+    When a sub-env resets itself (``autoreset_mode``: the vector env's
+    ``metadata["autoreset_mode"]``, ``NEXT_STEP`` or ``SAME_STEP``, whose final observations ride
+    in ``infos["final_obs"]``), its next observation opens a new episode. A sub-env whose episode
+    ended gets its previous action for the vector env's next step (which the env ignores).
     """
 
     def __init__(
@@ -283,7 +280,7 @@ class VectorEpisodes:
         if open_rows:
             flags = terminated[open_rows]
             rewards = _rewards(rewards, n)[open_rows]
-            step_many(self.client, ids, _stacked(finals), rewards, flags, ~flags)
+            step_many(self.client, ids, finals, rewards, flags, ~flags)
         self.episode_ids = [None] * n
 
     def _same_step(
@@ -305,7 +302,7 @@ class VectorEpisodes:
         actions = step_many(
             self.client,
             [i for i in self.episode_ids if i is not None] + fresh,
-            _stacked(finals + [row_of(observations, i) for i in ended]),
+            finals + [row_of(observations, i) for i in ended],
             np.concatenate([rewards, np.zeros(len(ended))]),
             np.concatenate([terminated, extra]),
             np.concatenate([truncated, extra]),
@@ -331,9 +328,8 @@ class VectorEpisodes:
         space = self.client._space()[1]
         if not isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):  # one array of actions
             return np.asarray(actions, dtype=space.dtype)
-        values = [decoded(space, action) for action in actions]
         out: Any = gym.vector.utils.create_empty_array(space, self.num_envs)
-        return gym.vector.utils.concatenate(space, values, out)
+        return gym.vector.utils.concatenate(space, actions, out)
 
 
 def _final_observations(observations: Any, done: np.ndarray, infos: Mapping[str, Any]) -> list[Any]:
@@ -347,13 +343,3 @@ def _final_observations(observations: Any, done: np.ndarray, infos: Mapping[str,
             f"keys {sorted(infos)}",
         )
     return [final[i] if done[i] else row_of(observations, i) for i in range(len(done))]
-
-
-def _stacked(rows: list[Any]) -> Any:
-    """Single observations as one array when they are arrays of one shape (the cheap body)."""
-    if rows and all(isinstance(row, np.ndarray) for row in rows):
-        try:
-            return np.stack(rows)
-        except ValueError:
-            pass
-    return rows
