@@ -8,7 +8,7 @@ carries, on the server or in the client, is checked by :func:`checked` and nowhe
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -73,12 +73,7 @@ def _each(space: gym.Space[Any], values: Sequence[Any], names: Sequence[str]) ->
 
 def row_of(batch: Any, i: int) -> Any:
     """Row ``i`` of a batch, as the env would take it (a scalar space's row as a Python value)."""
-    if isinstance(batch, dict):
-        return {k: row_of(v, i) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(row_of(v, i) for v in batch)
-    value = np.asarray(batch)[i]
-    return value.item() if value.ndim == 0 else value
+    return _leaves(batch, lambda array: array[i].item() if array.ndim == 1 else array[i])
 
 
 def rows_of(batch: Any) -> list[Any]:
@@ -90,17 +85,18 @@ def rows_of(batch: Any) -> list[Any]:
 
 def value_of(batch: Any, i: int) -> Any:
     """Row ``i`` of a batch as the JSON value that the step table's column holds."""
-    if isinstance(batch, dict):
-        return {k: value_of(v, i) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return [value_of(v, i) for v in batch]
-    return np.asarray(batch)[i].tolist()
+    return _leaves(batch, lambda array: array[i].tolist(), tuples=list)
 
 
 def take(batch: Any, rows: list[int]) -> Any:
     """Rows of a batch, as a batch."""
+    return _leaves(batch, lambda array: array[rows])
+
+
+def _leaves(batch: Any, leaf: Callable[[np.ndarray], Any], tuples: type = tuple) -> Any:
+    """``leaf`` of each array of a batch, in the batch's dicts and tuples (``tuples`` for those)."""
     if isinstance(batch, dict):
-        return {key: take(value, rows) for key, value in batch.items()}
+        return {key: _leaves(value, leaf, tuples) for key, value in batch.items()}
     if isinstance(batch, tuple):
-        return tuple(take(value, rows) for value in batch)
-    return np.asarray(batch)[rows]
+        return tuples(_leaves(value, leaf, tuples) for value in batch)
+    return leaf(np.asarray(batch))
