@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import gymnasium as gym
@@ -66,20 +65,18 @@ class RowBuffer:
         """The waiting rows as batches, steps first (an episode's summary follows its steps).
         Rows leave the buffer only once their batch is built."""
         with self._lock:
-            n, m = len(self._steps), len(self._summaries)
-            steps, summaries = self._steps[:n], self._summaries[:m]
+            steps, summaries = self._steps[:], self._summaries[:]
         out = []
-        if n:
-            columns = {**recorder.columns_of(steps), "logged_at": [datetime.now(UTC)] * n}
-            out.append(
-                (layout.STEPS, schema.steps_from_columns(self._schema, columns, *self._spaces))
-            )
-        if m:
-            columns = schema.rows_to_columns(summaries)
-            out.append((layout.EPISODES, schema.episodes_from_columns(columns)))
+        if steps:  # logged_at: the schema's default, now
+            columns = recorder.columns_of(steps)
+            batch = schema.steps_from_columns(self._schema, columns, *self._spaces)
+            out.append((layout.STEPS, batch))
+        if summaries:
+            batch = schema.episodes_from_columns(schema.rows_to_columns(summaries))
+            out.append((layout.EPISODES, batch))
         with self._lock:  # rows are only appended meanwhile
-            del self._steps[:n]
-            del self._summaries[:m]
+            del self._steps[: len(steps)]
+            del self._summaries[: len(summaries)]
         return out
 
 
