@@ -20,14 +20,10 @@ from pipeline.format import codec
 
 
 def checked(space: gym.Space[Any], values: Sequence[Any], names: Sequence[str] | str) -> Any:
-    """The values as one batch of the space's layout, checked against the space.
+    """The values as one batch of the space's layout, or a SchemaError listing every bad value.
 
     ``names`` names the values in errors: one name per value, or one name for the column (then
-    problems name their rows).
-
-    Raises:
-        SchemaError: listing every bad value.
-    """
+    problems name their rows)."""
     one = _one_array(space, values)
     if one is not None:
         return one

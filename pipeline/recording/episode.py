@@ -98,11 +98,8 @@ class Episode:
             state.reward = reward_sum(state.reward, reward, state.episode_return, agent_id)
 
     def add_returns(self, returns: Returns) -> None:
-        """log_returns: rewards and infos for the agents' pending steps, and done flags.
-
-        Raises:
-            SchemaError: a reward that would make a sum non-finite; nothing is added then.
-        """
+        """log_returns: rewards and infos for the agents' pending steps, and done flags (none
+        added when a reward would make a sum non-finite: a SchemaError)."""
         sums = returns.sums(self)
         for agent_id, total in sums.items():
             self.agents[agent_id].reward = total
@@ -119,12 +116,9 @@ class Returns:
     dones: dict[str, bool] = field(default_factory=dict)
 
     def sums(self, episode: Episode, skip: frozenset[str] = frozenset()) -> dict[str, float]:
-        """Each pending agent's reward sum with these rewards added, checked, state unchanged;
-        a reward of an agent with no pending step belongs to no transition (reported).
-
-        Raises:
-            SchemaError: a reward that would make a sum non-finite.
-        """
+        """Each pending agent's reward sum with these rewards added, checked (see
+        :func:`reward_sum`), state unchanged; a reward of an agent with no pending step belongs
+        to no transition (reported)."""
         sums = {}
         for agent_id, reward in self.rewards.items():
             state = episode.agents.get(agent_id)
