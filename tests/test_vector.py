@@ -338,3 +338,26 @@ def test_box_actions_come_back_as_the_vector_env_takes_them(tmp_path: Path) -> N
     assert len(steps) == 3 * 6 and steps["truncated"].sum() == 3
     logged = np.stack(steps.sort_values("t")["action"].to_numpy())
     assert logged.shape == (18, 1) and np.all(np.abs(logged) <= 2.0)
+
+
+def test_local_inference_gives_box_actions_of_any_size_to_the_vector_env(tmp_path: Path) -> None:
+    """Local inference returns each Box action as an array; filling in an ended sub-env's action
+    once compared them with None, which numpy refuses for arrays of two or more values."""
+    data = tmp_path / "ds"
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    config = ServerConfig(data=data, observation_space=observation_space, action_space=action_space)
+    observations = np.zeros((2, 3), np.float32)
+    no = np.zeros(2, bool)
+    with running_server(config) as server:
+        client = PolicyClient(server.url, inference_mode="local", spool_dir=tmp_path / "spool")
+        vector = VectorEpisodes(client, 2)
+        actions = vector.reset(observations)
+        ended = np.array([True, False])
+        for terminated in (no, ended, no):
+            assert actions.shape == (2, 2) and action_space.contains(actions[0])
+            actions = vector.step(observations, [1.0, 1.0], terminated, no)
+        vector.close(observations, [0.0, 0.0], no, no)
+        assert client.close()
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == 7 and steps["terminated"].sum() == 1
