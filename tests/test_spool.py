@@ -11,8 +11,10 @@ import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
+from pipeline.client import spool
 from pipeline.client.local import RowBuffer
 from pipeline.client.spool import Spool, Uploader, to_ipc
+from pipeline.errors import RequestRejected
 from pipeline.recording.episode import AgentState
 from pipeline.recording.recorder import Completion
 
@@ -129,3 +131,69 @@ def test_rows_a_batch_cannot_be_built_from_stay_and_close_says_so(tmp_path: Path
     assert rows.ready == 1  # kept, not dropped
     assert not uploader.close(0.5)
     assert delivered == [] and not list(tmp_path.glob("*.arrows"))
+
+
+def _stored_once(sent: list[tuple[str, int, bytes]]) -> list[int]:
+    """The rows a server keeping each (client, number) once would hold."""
+    stored: dict[tuple[str, int], bytes] = {}
+    for client_id, seq, body in sent:
+        stored.setdefault((client_id, seq), body)
+    return sorted(n for body in stored.values() for n in _rows(body))
+
+
+def test_batches_are_bounded_in_rows_and_bytes_however_much_waits(tmp_path: Path) -> None:
+    """An outage's worth of rows leaves as many bounded batches, never one huge body."""
+    sent: list[tuple[str, int, bytes]] = []
+
+    def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
+        sent.append((client_id, seq, body))
+        return None
+
+    waiting = _Waiting()
+    waiting.add("steps", [{"n": n, "pad": "x" * 300} for n in range(3 * spool.BATCH_ROWS)])
+    uploader = Uploader("c1", waiting, send, Spool(tmp_path), interval_s=0.01)
+    assert uploader.close(10)
+    assert len(sent) >= 3 and len({seq for _, seq, _ in sent}) == len(sent)
+    assert all(len(_rows(body)) <= spool.BATCH_ROWS for _, _, body in sent)
+    assert all(len(body) <= 1.1 * spool.BATCH_BYTES for _, _, body in sent)
+    assert _stored_once(sent) == list(range(3 * spool.BATCH_ROWS))
+
+
+def test_a_batch_too_large_for_the_server_is_split_until_it_fits(tmp_path: Path) -> None:
+    """413 splits a batch in halves under numbers of their own, never a stuck spool; a later
+    client finding both a batch and its halves (a crash mid-split) stores each row once."""
+    limit = 150_000  # half of 5000 rows fits, the whole does not
+    sent: list[tuple[str, int, bytes]] = []
+
+    def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
+        if len(body) > limit:
+            raise RequestRejected(413, f"body of {len(body)} bytes, past the limit of {limit}")
+        sent.append((client_id, seq, body))
+        return None
+
+    big = to_ipc(_build("steps", [{"n": n, "pad": "x" * 40} for n in range(5000)]))
+    crashed = Spool(tmp_path)
+    crashed.put("old", 7, "steps", big)
+    first = (spool._halves(7) or (0, 0))[0]
+    half = to_ipc(pa.ipc.open_stream(big).read_all().slice(0, 2500))
+    crashed.put("old", first, "steps", half)
+    sent.append(("old", first, half))  # delivered before the crash took the rest
+    waiting = _Waiting()
+    waiting.add("steps", [{"n": n, "pad": "y" * 40} for n in range(5000, 10_000)])
+    uploader = Uploader("c1", waiting, send, Spool(tmp_path), interval_s=0.01)
+    assert uploader.close(20), uploader.failure
+    assert all(len(body) <= limit for _, _, body in sent)
+    assert _stored_once(sent) == list(range(10_000))
+    assert not list(tmp_path.glob("*.arrows"))
+
+
+def test_a_batch_refused_for_its_content_is_kept_and_reported(tmp_path: Path) -> None:
+    def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
+        raise RequestRejected(400, "steps.t: expected integers >= 0, got -1")
+
+    waiting = _Waiting()
+    waiting.add("steps", [{"n": 0}, {"n": 1}])
+    uploader = Uploader("c1", waiting, send, Spool(tmp_path), interval_s=0.01)
+    assert not uploader.close(2)
+    assert isinstance(uploader.failure, RequestRejected)
+    assert [p.name for p in tmp_path.glob("*.arrows")] == ["c1-0000000000-steps.arrows"]

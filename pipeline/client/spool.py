@@ -8,6 +8,14 @@ and retried later, oldest first, under its own client id and number; the server 
 (client, number) once, so a batch that was stored but whose answer was lost is not stored twice.
 A simulator never waits for the server.
 
+Batches are bounded however long the server was away: each holds at most ``BATCH_ROWS`` rows and
+about ``BATCH_BYTES`` bytes, far under the server's body limit (64 MiB by default), so an outage
+leaves many small files, never one the server cannot take. A server configured with a smaller
+limit answers 413; the batch is then split in halves, each spooled under a number of its own
+derived from its parent's (``_halves``), and sent in turn. The numbers are fixed by the parent's,
+so a client that crashes part way through a split and a later client that splits the same file
+again make the same halves, which the server stores once.
+
 What this guarantees: a batch the server acknowledged is durable on the server; one it did not
 is never dropped while the client lives, and once spooled it survives a crash of the client too
 (a later client on the same spool delivers it). Rows not yet uploaded (at most ``interval_s``
@@ -31,8 +39,15 @@ from typing import Protocol
 
 import pyarrow as pa
 
+from pipeline.errors import RequestRejected
+
+BATCH_ROWS = 16_384
+BATCH_BYTES = 4 * 2**20
+_SPLIT_BASE = 1 << 40  # numbers from here on name the parts of batches split after a 413
+_PARTS = 1 << 10  # numbers per split batch: it can be halved 9 times, into 512 parts
+
 _log = logging.getLogger("rlpipe.client")
-_NAME_RE = re.compile(r"^(?P<client>[A-Za-z0-9_-]+)-(?P<seq>\d{10})-(?P<table>[a-z]+)\.arrows$")
+_NAME_RE = re.compile(r"^(?P<client>[A-Za-z0-9_-]+)-(?P<seq>\d{10,19})-(?P<table>[a-z]+)\.arrows$")
 
 # send(client_id, seq, table, body) -> None when stored, else seconds to wait before retrying;
 # it raises for a batch the server refuses (a bug to surface, not to retry).
@@ -48,11 +63,27 @@ class Rows(Protocol):
     def drain(self) -> list[tuple[str, pa.RecordBatch]]: ...
 
 
-def to_ipc(batch: pa.RecordBatch) -> bytes:
+def to_ipc(rows: pa.RecordBatch | pa.Table) -> bytes:
     sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write(rows)
     return sink.getvalue()
+
+
+def bounded(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """``batch`` in slices of at most ``BATCH_ROWS`` rows and about ``BATCH_BYTES`` bytes."""
+    row_bytes = max(1, batch.nbytes // max(1, batch.num_rows))
+    rows = max(1, min(BATCH_ROWS, BATCH_BYTES // row_bytes))
+    return [batch.slice(start, rows) for start in range(0, batch.num_rows, rows)]
+
+
+def _halves(seq: int) -> tuple[int, int] | None:
+    """The numbers of the two halves of batch ``seq``; None when it was split too often."""
+    block, part = (seq, 1) if seq < _SPLIT_BASE else divmod(seq - _SPLIT_BASE, _PARTS)
+    if 2 * part + 1 >= _PARTS:
+        return None
+    first = _SPLIT_BASE + block * _PARTS + 2 * part
+    return first, first + 1
 
 
 class Spool:
@@ -165,33 +196,63 @@ class Uploader:
         if time.monotonic() < self._not_before or self._spool.pending():
             self._put(fresh)  # behind what already waits, and not before the server is ready
             fresh = []
-        if time.monotonic() < self._not_before:
+        if time.monotonic() < self._not_before or not self._send_spooled():
             return
-        for path, client_id, seq, table in self._spool.pending():
-            try:
-                body = path.read_bytes()
-            except FileNotFoundError:  # another client sharing the spool delivered it
-                continue
-            wait = self._send(client_id, seq, table, body)
-            if wait is not None:
-                self._not_before = time.monotonic() + wait
-                return
-            path.unlink(missing_ok=True)
         for index, (seq, table, body) in enumerate(fresh):
             try:
                 wait = self._send(self.client_id, seq, table, body)
-            except BaseException:
+            except BaseException as error:
                 self._put(fresh[index:])  # a refused batch is kept, not dropped
-                raise
+                if not (isinstance(error, RequestRejected) and error.status == 413):
+                    raise
+                self._wake.set()  # too large: split from the spool in the next cycle
+                return
             if wait is not None:
                 self._not_before = time.monotonic() + wait
                 self._put(fresh[index:])
                 return
 
+    def _send_spooled(self) -> bool:
+        """Send the spooled batches, oldest first; False when the server asks to wait."""
+        for path, client_id, seq, table in self._spool.pending():
+            try:
+                body = path.read_bytes()
+            except FileNotFoundError:  # another client sharing the spool delivered it
+                continue
+            try:
+                wait = self._send(client_id, seq, table, body)
+            except RequestRejected as error:
+                self._split(error, client_id, seq, table, body)
+                wait = None
+            if wait is not None:
+                self._not_before = time.monotonic() + wait
+                return False
+            path.unlink(missing_ok=True)
+        return True
+
+    def _split(
+        self, error: RequestRejected, client_id: str, seq: int, table: str, body: bytes
+    ) -> None:
+        """Spool the halves of a batch the server refused as too large (413), to be sent next;
+        any other refusal, or a batch that cannot be halved, is raised (kept where it is)."""
+        halves = _halves(seq)
+        with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
+            rows = reader.read_all()
+        if error.status != 413 or halves is None or rows.num_rows < 2:
+            raise error
+        middle = rows.num_rows // 2
+        for number, half in zip(halves, (rows.slice(0, middle), rows.slice(middle)), strict=True):
+            self._spool.put(client_id, number, table, to_ipc(half))
+        self._wake.set()  # the halves go out in the next cycle, not an interval later
+
     def _number(self) -> list[tuple[int, str, bytes]]:
         """Turn waiting rows into numbered batches: a batch keeps its number for life, whether
         it is sent from memory now or from the spool by a later client instance."""
-        return [(next(self._seq), table, to_ipc(batch)) for table, batch in self._rows.drain()]
+        return [
+            (next(self._seq), table, to_ipc(part))
+            for table, batch in self._rows.drain()
+            for part in bounded(batch)
+        ]
 
     def _put(self, batches: list[tuple[int, str, bytes]]) -> None:
         for seq, table, body in batches:
