@@ -14,6 +14,7 @@ from pipeline.errors import (
     RlpipeError,
     SchemaError,
     SpaceError,
+    StorageError,
 )
 from pipeline.format.manifest import Manifest, read_manifest
 
@@ -31,6 +32,7 @@ __all__ = [
     "RlpipeError",
     "SchemaError",
     "SpaceError",
+    "StorageError",
     "WriterConfig",
     "__version__",
     "read_manifest",

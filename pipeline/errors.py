@@ -8,7 +8,8 @@ module that noticed::
     ├── SpaceError         a gymnasium space rlpipe cannot encode, or a malformed space document
     ├── SchemaError        rows that do not fit the step table or the spaces (lists every problem)
     ├── DatasetError       a directory that is not a usable rlpipe dataset
-    │   └── FormatVersionError  a dataset written in a format version this code does not read
+    │   ├── FormatVersionError  a dataset written in a format version this code does not read
+    │   └── StorageError        the dataset's disk refused a write (full, quota, I/O error)
     └── ServerError        the policy server refused a request, or could not be reached
         ├── RequestRejected     400, 413, 415: the request itself is wrong
         ├── Unauthorized        401: the token is missing or wrong
@@ -22,6 +23,8 @@ the ``rlpipe`` command prints as one line.
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 
 
@@ -83,6 +86,45 @@ class DatasetError(RlpipeError):
 
 class FormatVersionError(DatasetError):
     """A dataset in a format version this code does not read."""
+
+
+class StorageError(DatasetError):
+    """The dataset's disk refused a write: nothing of the append that raised it is acknowledged.
+
+    The writer stays usable: a later append tries the disk again, and shards not yet written are
+    retried in the background, so nothing acknowledged is lost and work resumes by itself once
+    space is freed. ``since`` is when (``time.time()``) the disk began failing.
+    """
+
+    def __init__(self, path: str, error: OSError, since: float, note: str = "") -> None:
+        self.path = path
+        self.os_error = error
+        self.errno = error.errno
+        self.strerror = _strerror(error)
+        self.since = since
+        code = errno.errorcode.get(error.errno or 0, type(error).__name__)
+        meaning = _MEANING.get(code, "the dataset cannot be written")
+        self.reason = f"{meaning} ({code}: {self.strerror}) at {path}"
+        super().__init__(self.reason + note)
+
+    def noting(self, note: str) -> StorageError:
+        """The same refusal, its message followed by ``note``."""
+        return StorageError(self.path, self.os_error, self.since, note)
+
+
+_MEANING = {
+    "ENOSPC": "the dataset's disk is full",
+    "EDQUOT": "the dataset's disk quota is used up",
+    "EIO": "the dataset's disk failed to write (an I/O error)",
+    "EROFS": "the dataset's disk is read-only",
+}
+
+
+def _strerror(error: OSError) -> str:
+    """The OS's words for ``error`` (pyarrow puts its own text in ``strerror``)."""
+    if error.errno:
+        return os.strerror(error.errno)
+    return error.strerror or str(error)
 
 
 class ServerError(RlpipeError):

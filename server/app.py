@@ -10,6 +10,8 @@ routed here is a JSON 404. The step and upload resources are those of
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
+from typing import Any
 
 from flask import Flask, Response, current_app, g, jsonify, request
 
@@ -127,12 +129,12 @@ def _info_routes(app: Flask, service: Service) -> None:
         version = service.runner.version
         return jsonify(
             {
-                "status": "ok",
                 "policy_version": version,
                 "acting_at_random": version is None,
                 "refused_checkpoint": service.runner.refused,
                 "open_episodes": len(service.episodes),
                 "queue_depth": service.writer.backlog,
+                **_storage(service),
             }
         )
 
@@ -155,9 +157,20 @@ def _info_routes(app: Flask, service: Service) -> None:
             queue_depth=service.writer.backlog,
             commit_seconds=service.writer.last_commit_seconds,
             policy_version=-1 if version is None else version,
+            storage_failing=service.writer.disk.error is not None,
+            storage_errors=service.writer.disk.failures,
         )
         return Response(text, content_type=content_type)
 
     @app.get("/v1/openapi.json")
     def openapi_document() -> Response:
         return jsonify(openapi.document(service.observation_space, service.action_space))
+
+
+def _storage(service: Service) -> dict[str, Any]:
+    """Health's word on the dataset's disk: "degraded" while it refuses writes, and why."""
+    refused = service.writer.disk.error
+    if refused is None:
+        return {"status": "ok", "storage_error": None}
+    since = datetime.fromtimestamp(refused.since, UTC).isoformat()
+    return {"status": "degraded", "storage_error": {"message": refused.reason, "since": since}}

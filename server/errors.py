@@ -12,7 +12,7 @@ from typing import Any
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from pipeline.errors import RlpipeError, SchemaError
+from pipeline.errors import RlpipeError, SchemaError, StorageError
 
 _log = logging.getLogger("rlpipe.server")
 
@@ -29,6 +29,15 @@ class ApiError(RlpipeError):
 
 def bad_request(field: str, expected: str, got: Any) -> ApiError:
     return ApiError(400, f"field '{field}': expected {expected}, got {got}")
+
+
+def storage_refused(error: StorageError, retry_after: int) -> ApiError:
+    """503 for a write the dataset's disk refused: the cause, and when to try again."""
+    return ApiError(
+        503,
+        f"{error.reason}; steps are not being stored; retry after {retry_after} s",
+        retry_after=retry_after,
+    )
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from pipeline.errors import StorageError
 from pipeline.format import layout
 from pipeline.recording.episode import Episode
 from server import errors, requests
@@ -202,7 +203,10 @@ def upload(service: Service, incoming: Incoming, counts: Counts) -> Reply:
         tables = _json_tables(service, incoming.json())
     counts.steps = tables[layout.STEPS].num_rows if layout.STEPS in tables else 0
     service.check_backlog()
-    result = service.uploads.store(client_id, seq, tables)
+    try:
+        result = service.uploads.store(client_id, seq, tables)
+    except StorageError as error:  # nothing of this upload is acknowledged: it may be retried
+        raise errors.storage_refused(error, service.config.retry_after_s) from error
     service.metrics.accepted(result["stored"].get(layout.STEPS, 0))
     return result, 200
 

@@ -18,6 +18,7 @@ _GAUGES = {  # read when scraped
     "queue_depth": "Rolled shards waiting to be written.",
     "commit_seconds": "How long the last shard commit took.",
     "policy_version": "Version of the policy acting; -1 when acting at random.",
+    "storage_failing": "1 while the dataset's disk refuses writes (GET /v1/health says why).",
 }
 
 
@@ -49,6 +50,12 @@ class Metrics:
         self._gauges = {
             name: Gauge(f"rlpipe_{name}", text, registry=registry) for name, text in _GAUGES.items()
         }
+        self._storage_errors = Counter(
+            "rlpipe_storage_errors",
+            "Writes the dataset's disk refused (full, over quota, I/O error).",
+            registry=registry,
+        )
+        self._storage_counted = 0
 
     def accepted(self, rows: int, append_seconds: float | None = None) -> None:
         """Steps made durable, by a writer append that took ``append_seconds`` (None: an
@@ -69,11 +76,14 @@ class Metrics:
         if route is not None and seconds is not None:
             self._requests.labels(route, status).observe(seconds)
 
-    def render(self, accept: str, **gauges: float) -> tuple[bytes, str]:
-        """The exposition, with the gauges of :data:`_GAUGES` as read now, and its content type:
-        in the format the scraper's ``Accept`` asks for, as prometheus_client chooses
-        (Prometheus' text format 0.0.4 unless OpenMetrics is asked for)."""
+    def render(self, accept: str, storage_errors: int = 0, **gauges: float) -> tuple[bytes, str]:
+        """The exposition, with the gauges of :data:`_GAUGES` as read now (and the count of
+        writes the disk refused), and its content type: in the format the scraper's ``Accept``
+        asks for, as prometheus_client chooses (Prometheus' text format 0.0.4 unless OpenMetrics
+        is asked for)."""
         for name, value in gauges.items():
             self._gauges[name].set(value)
+        self._storage_errors.inc(max(0, storage_errors - self._storage_counted))
+        self._storage_counted = max(storage_errors, self._storage_counted)
         encode, content_type = choose_encoder(accept)
         return encode(self.registry), content_type

@@ -30,7 +30,9 @@ _ANSWERS = {
     "409": "ended episode, an episode open for another client, or a request number out of turn",
     "413": "body larger than the server's limit",
     "415": "a content type the resource does not take",
-    "503": "writing has fallen behind: retry after the Retry-After header's seconds",
+    "503": "not stored: writing has fallen behind, or the dataset's disk refuses writes (full); "
+    "the message says which. Nothing of the request was done: send it again after the "
+    "Retry-After header's seconds",
 }
 _VERSION_HEADER = {
     "X-Rlpipe-Policy-Version": {
@@ -153,7 +155,11 @@ def _paths() -> dict[str, Any]:
         },
         "/v1/health": {
             "get": {
-                **_op("Liveness; says when acting at random.", answer=_json(_health())),
+                **_op(
+                    "Liveness; says when acting at random, and when the dataset's disk refuses "
+                    "writes ('degraded').",
+                    answer=_json(_health()),
+                ),
                 "security": [],
             }
         },
@@ -218,12 +224,24 @@ def _weights() -> dict[str, Any]:
 
 def _health() -> dict[str, Any]:
     return object_schema(
-        status={"const": "ok"},
+        status={"enum": ["ok", "degraded"]},
         policy_version={"type": ["integer", "null"]},
         acting_at_random={"type": "boolean"},
         refused_checkpoint={"type": ["string", "null"]},
         open_episodes={"type": "integer"},
         queue_depth={"type": "integer"},
+        storage_error={
+            "oneOf": [
+                {"type": "null"},
+                object_schema(
+                    ["message", "since"],
+                    message={"type": "string"},
+                    since={"type": "string", "format": "date-time"},
+                ),
+            ],
+            "description": "why the dataset's disk refuses writes, and since when (status "
+            "is then 'degraded'); null while it takes them",
+        },
     )
 
 

@@ -4,6 +4,12 @@ Step requests take :class:`~server.stepper.Stepper`'s pass (the handlers of
 :mod:`server.handlers` hand them over); what "durable" means follows the writer's ``sync`` mode
 (see :class:`~server.config.ServerConfig`). Episodes a client abandons are closed here: by the
 reaper once idle, and all of them at shutdown.
+
+While the dataset's disk refuses writes (full), a step or upload the writer could not make durable
+is answered 503 with the cause (:func:`server.errors.storage_refused`) and changes nothing, so the
+client's retry works once space is back. An episode's summary row is written after its steps: if
+the disk refuses it alone, the steps stand, and the summary is kept here and written as soon as
+the disk takes it (before any later step, and by the reaper meanwhile).
 """
 
 from __future__ import annotations
@@ -14,14 +20,14 @@ import time
 from typing import Any
 
 from pipeline.dataset.writer import DatasetWriter
-from pipeline.errors import DatasetError, SchemaError
+from pipeline.errors import DatasetError, SchemaError, StorageError
 from pipeline.format.schema import rows_to_columns
 from pipeline.recording import recorder
 from pipeline.recording.episode import Episode
 from pipeline.recording.recorder import CLOSED
 from server.config import ServerConfig
 from server.episodes import EpisodeBook
-from server.errors import ApiError
+from server.errors import ApiError, storage_refused
 from server.inference import PolicyRunner
 from server.metrics import Metrics
 from server.stepper import Stepper
@@ -57,6 +63,8 @@ class Service:
         )
         self.uploads = UploadLedger(self.writer)
         self.stepper = Stepper(self)
+        self._owed: list[dict[str, Any]] = []  # summaries of ended episodes the disk refused
+        self._owed_lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True, name="rlpipe-reaper")
         self._reaper.start()
@@ -64,6 +72,9 @@ class Service:
     def check_backlog(self) -> None:
         """503 with Retry-After when shards pile up: better a client waits than data is dropped."""
         if self.writer.backlog >= self.config.max_backlog:
+            refused = self.writer.disk.error
+            if refused is not None:
+                raise storage_refused(refused, self.config.retry_after_s)
             raise ApiError(
                 503,
                 f"the server is {self.writer.backlog} shards behind in writing; retry after "
@@ -92,6 +103,10 @@ class Service:
                 self.close_episode(episode)
             except Exception:  # keep closing the rest; the writer close below must happen
                 _log.exception("closing episode %s failed", episode.episode_id)
+        try:
+            self.write_owed()
+        except StorageError as error:
+            _log.error("episode summaries lost, the disk refuses them: %s %s", error, self._owed)
         self.writer.close()
 
     def write_rows(self, columns: dict[str, list[Any]], summaries: list[dict[str, Any]]) -> None:
@@ -99,19 +114,47 @@ class Service:
         writer checks what its line route needs; the step core checked the rest)."""
         started = time.perf_counter()
         count = len(columns["episode_id"])
-        if count:
-            self.writer.append(columns)
-        if summaries:
-            try:
-                self.writer.append_episodes(rows_to_columns(summaries))
-            except SchemaError as error:  # the steps are written: this must not be retried
-                raise DatasetError(f"writing episode summaries failed: {error}") from error
+        try:
+            if self._owed:
+                self.write_owed()
+            if count:
+                self.writer.append(columns)
+            if summaries:
+                self._append_summaries(summaries, owe=count > 0)
+        except StorageError as error:  # nothing of this call is written
+            raise storage_refused(error, self.config.retry_after_s) from error
         if count or summaries:  # a step that completed no row appended nothing
             self.metrics.accepted(count, time.perf_counter() - started)
+
+    def _append_summaries(self, summaries: list[dict[str, Any]], owe: bool) -> None:
+        """Summaries after their steps; ``owe``: the steps are written, so summaries the disk
+        refuses are kept for :meth:`write_owed` rather than refused (a retry would write the
+        steps twice)."""
+        try:
+            self.writer.append_episodes(rows_to_columns(summaries))
+        except SchemaError as error:  # the steps are written: this must not be retried
+            raise DatasetError(f"writing episode summaries failed: {error}") from error
+        except StorageError as error:
+            if not owe:
+                raise
+            _log.warning("episode summaries kept until the disk takes them: %s", error)
+            with self._owed_lock:
+                self._owed += summaries
+
+    def write_owed(self) -> None:
+        """Write the summaries the disk refused before (it raises StorageError while it does)."""
+        with self._owed_lock:
+            if self._owed:
+                self.writer.append_episodes(rows_to_columns(self._owed))
+                self._owed = []
 
     def _reap_loop(self) -> None:
         period = min(self.config.idle_timeout_s / 4, 1.0)
         while not self._stop.wait(period):
+            try:
+                self.write_owed()
+            except StorageError:
+                continue  # the disk refuses still: idle episodes are closed once it takes them
             for episode in self.episodes.idle(self.config.idle_timeout_s):
                 try:
                     self.close_episode(episode)

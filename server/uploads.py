@@ -49,6 +49,7 @@ class UploadLedger:
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._lock = threading.Lock()
         self._clients: dict[str, set[str]] = {}  # table -> client ids stored before this run
+        self._partial: dict[tuple[str, int], dict[str, int]] = {}  # tables of a failed upload
 
     def store(self, client_id: str, seq: int, tables: dict[str, pa.Table]) -> dict[str, Any]:
         """Write an upload's tables unless this (client, seq) was stored; returns what happened."""
@@ -58,8 +59,10 @@ class UploadLedger:
             known = client_id in self._seen
             if seq in self._seen[client_id]:
                 return {"stored": {name: 0 for name in tables}, "duplicate": True}
-            stored = {}
+            stored = self._partial.pop((client_id, seq), {})  # a retry: these are in already
             for name, table in tables.items():
+                if name in stored:
+                    continue
                 # the server, not the rows, says which client sent them: the ledger's keys
                 table = _with_text(table, "agent_id", layout.DEFAULT_AGENT_ID, replace=False)
                 table = _with_text(table, "client_id", client_id)
@@ -67,7 +70,12 @@ class UploadLedger:
                     table = self._unstored(name, table, client_id)
                 writer = self._writer
                 append = writer.append if name == layout.STEPS else writer.append_episodes
-                stored[name] = append(table)
+                try:
+                    stored[name] = append(table)
+                except BaseException:  # a full disk, say: the retry skips the tables stored
+                    if stored:
+                        self._partial[(client_id, seq)] = stored
+                    raise
             seen = self._seen[client_id]
             seen.add(seq)
             if len(seen) > _REMEMBER:

@@ -18,6 +18,7 @@ def test_exported_names_are_pinned() -> None:
         "RlpipeError",
         "SchemaError",
         "SpaceError",
+        "StorageError",
         "WriterConfig",
         "__version__",
         "read_manifest",

@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 import pytest
 from conftest import cartpole_spaces
 
-from pipeline import DatasetError, DatasetWriter, SchemaError, recover
+from pipeline import DatasetError, DatasetWriter, SchemaError, StorageError, recover
 from pipeline.dataset import rowlog
 from pipeline.dataset.writer import LINE_MAX_ROWS
 from pipeline.format import schema
@@ -323,7 +323,7 @@ def test_a_write_that_fails_part_way_rolls_the_segment(
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(os, "write", full_disk)
-        with pytest.raises(OSError, match="No space left"):
+        with pytest.raises(StorageError, match=r"disk is full \(ENOSPC: No space left"):
             writer.append(schema.rows_to_columns(_rows(2, "b")))
         monkeypatch.setattr(os, "write", real_write)
         writer.append(schema.rows_to_columns(_rows(2, "c")))

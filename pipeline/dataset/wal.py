@@ -44,8 +44,13 @@ class Segment:
         self.broken = False  # a write failed part way: this file takes no more messages
         self._synced = 0  # messages known durable
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self.write_message(schema.serialize() if header is None else header)
-        fsync_path(path.parent)  # the segment's directory entry must be durable before any ack
+        try:
+            self.write_message(schema.serialize() if header is None else header)
+            fsync_path(path.parent)  # the segment's directory entry must be durable before any ack
+        except BaseException:  # a full disk, say: no segment, and no descriptor left open
+            os.close(self._fd)
+            path.unlink(missing_ok=True)
+            raise
 
     def write(self, message: pa.Buffer | bytes, rows: int, kept: Any) -> int:
         """Write one append's message (it survives whole or not at all) and keep its rows for
@@ -81,11 +86,13 @@ class Segment:
         """Make everything written durable and close; later ``sync`` calls return at once."""
         with self._write_lock:
             last = self.written
-        self.sync(last)
-        with self._sync_lock, self._write_lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        try:
+            self.sync(last)
+        finally:  # closed even when the sync fails (an I/O error): the descriptor is not leaked
+            with self._sync_lock, self._write_lock:
+                if self._fd >= 0:
+                    os.close(self._fd)
+                    self._fd = -1
 
     def write_message(self, buffer: pa.Buffer | bytes) -> int:
         """Append one message. After a failed write (a full disk) the file ends in part of a

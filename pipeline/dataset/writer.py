@@ -6,10 +6,15 @@ writer processes can share one directory because each names its files with its o
 append is validated, written to the write-ahead log (:mod:`pipeline.dataset.wal`) and fsynced; a
 background thread rolls the log segment into a Parquet shard, renames it into place, then deletes
 the segment.
+
+A disk that refuses a write (full, over quota, an I/O error) never stops the writer for good
+(:mod:`pipeline.dataset.storage`): the append raises :class:`~pipeline.errors.StorageError`,
+nothing of it acknowledged, and a later one tries again; a refused shard is retried.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
 import secrets
@@ -23,7 +28,7 @@ from typing import Any, TypeAlias, cast
 import gymnasium as gym
 import pyarrow as pa
 
-from pipeline.dataset import rowlog
+from pipeline.dataset import rowlog, storage
 from pipeline.dataset.recovery import recover
 from pipeline.dataset.shard import date_of, first_date, write_shard
 from pipeline.dataset.wal import Segment, claim_log_dir, release_log_dir
@@ -162,6 +167,9 @@ class DatasetWriter:
             self.config.max_pending_shards
         )
         self._failure: BaseException | None = None
+        self.disk = storage.Disk()  # why the disk refuses writes, while it does
+        self._abandoned = False  # a shard left in the log at close, for recovery
+        self._closing = threading.Event()
         self._closed = threading.Event()
         self.rows_acknowledged = 0
         self.shards_committed = 0
@@ -193,6 +201,8 @@ class DatasetWriter:
 
         Raises:
             SchemaError: naming every bad row and field; nothing of this call is written.
+            StorageError: the disk refused the rows (full, say); nothing of this call is
+                acknowledged, and a later call tries again.
         """
         manifest = self.manifest
         return self._append(
@@ -209,16 +219,24 @@ class DatasetWriter:
         return self._append(layout.EPISODES, episodes, schema.episodes_from_columns)
 
     def flush(self) -> None:
-        """Commit everything appended so far into shards, so that readers can see it."""
+        """Commit everything appended so far into shards, so that readers can see it.
+
+        Raises:
+            StorageError: the disk refused a shard; its rows stay safe in the log, and the
+                shard is retried in the background.
+        """
+        failures = self.disk.failures
         for table in self._tables.values():
             self._roll(table)
-        self._pending.join()
+        storage.wait_committed(self._pending, self.disk, failures)
         self._raise_if_failed()
 
     def close(self) -> None:
-        """Flush, stop the background threads and release the log. Safe to call twice."""
+        """Flush, stop the background threads and release the log. Safe to call twice. A shard
+        the disk refuses now is tried once and left in the log, for the next writer to recover."""
         if self._closed.is_set():
             return
+        self._closing.set()
         try:
             self.flush()
         finally:
@@ -226,7 +244,8 @@ class DatasetWriter:
             self._pending.put(None)
             self._committer.join()
             self._ticker.join()
-            release_log_dir(self._lock_fd, self._wal_dir, keep=self._failure is not None)
+            keep = self._failure is not None or self._abandoned
+            release_log_dir(self._lock_fd, self._wal_dir, keep=keep)
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -281,18 +300,24 @@ class DatasetWriter:
         if rows == 0:
             return 0
         rolled = None
-        with table.lock:
-            if table.segment is not None and (table.date != date or table.segment.broken):
-                rolled = (table.detach(), table.date)  # a broken one: its written rows commit
-            segment = table.segment or table.open_segment(date)
-            mine = segment.write(message, rows, kept)
-            if segment.rows >= self.config.max_rows or segment.bytes >= self.config.max_bytes:
-                rolled = rolled or (table.detach(), date)
-        if self.config.sync == "always":
-            segment.sync(mine)
+        try:
+            with table.lock:
+                if table.segment is not None and (table.date != date or table.segment.broken):
+                    rolled = (table.detach(), table.date)  # a broken one: its written rows commit
+                segment = table.segment or table.open_segment(date)
+                mine = segment.write(message, rows, kept)
+                if segment.rows >= self.config.max_rows or segment.bytes >= self.config.max_bytes:
+                    rolled = rolled or (table.detach(), date)
+            if self.config.sync == "always":
+                segment.sync(mine)
+        except OSError as error:  # the disk refused: nothing of this append is acknowledged
+            raise self.disk.refused(storage.APPENDS, error, self._wal_dir) from error
+        finally:
+            if rolled and rolled[0] is not None:
+                self._submit(table, rolled[0], rolled[1])
+        if self.disk.refusals:
+            self.disk.taken(storage.APPENDS)
         self.rows_acknowledged += rows if table.name == layout.STEPS else 0
-        if rolled and rolled[0] is not None:
-            self._submit(table, rolled[0], rolled[1])
         return rows
 
     def _roll(self, table: _Table, max_age: float | None = None) -> None:
@@ -306,33 +331,42 @@ class DatasetWriter:
             self._submit(table, segment, date)
 
     def _submit(self, table: _Table, segment: Segment, date: str) -> None:
-        segment.close()
+        try:
+            segment.close()
+        except OSError as error:  # its rows are in memory: the shard is what makes them durable
+            self.disk.refused(storage.APPENDS, error, segment.path)
         self._pending.put((table, segment, date))
 
     def _commit_loop(self) -> None:
         while (item := self._pending.get()) is not None:
-            table, segment, date = item
             try:
-                if self._failure is None and segment.rows:
-                    started = time.perf_counter()
-                    write_shard(
-                        self.root,
-                        table.name,
-                        self.writer_id,
-                        segment.seq,
-                        date,
-                        segment.batches,
-                        self.config.row_group_rows,
-                    )
-                    self.shards_committed += 1
-                    self.last_commit_seconds = time.perf_counter() - started
                 if self._failure is None:
-                    segment.path.unlink()
+                    commit = functools.partial(self._commit, *item)
+                    folder = f"{self.root}/{item[0].name}"
+                    self._abandoned |= not storage.commit_retrying(
+                        commit, self.disk, folder, self._closing
+                    )
             except BaseException as error:  # surfaced on the next append or flush
                 self._failure = error
             finally:
                 self._pending.task_done()
         self._pending.task_done()
+
+    def _commit(self, table: _Table, segment: Segment, date: str) -> None:
+        if segment.rows:
+            started = time.perf_counter()
+            write_shard(
+                self.root,
+                table.name,
+                self.writer_id,
+                segment.seq,
+                date,
+                segment.batches,
+                self.config.row_group_rows,
+            )
+            self.shards_committed += 1
+            self.last_commit_seconds = time.perf_counter() - started
+        segment.path.unlink()
 
     def _tick_loop(self) -> None:
         """Roll segments by age and, with ``sync="background"``, fsync the open ones."""
@@ -346,9 +380,13 @@ class DatasetWriter:
                     segment = table.segment
                     if background and segment is not None:
                         segment.sync(segment.written)
-                    self._roll(table, self.config.max_age_s)
+                    if not self._pending.full():  # shards refused by a full disk wait in line
+                        self._roll(table, self.config.max_age_s)
+                except OSError as error:
+                    self.disk.refused(storage.APPENDS, error, self._wal_dir)
                 except BaseException as error:
                     self._failure = error
+            self.disk.probe(self._wal_dir)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
