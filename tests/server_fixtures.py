@@ -7,13 +7,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import gymnasium as gym
 import numpy as np
@@ -92,17 +93,24 @@ def free_port() -> int:
         return port
 
 
+_SERVER_LOGS: dict[int, IO[bytes]] = {}  # a served process's pid -> its stderr, in a file
+
+
 def start_serve_process(
     data: Path, port: int, *extra: str, env_id: str | None = "CartPole-v1"
 ) -> subprocess.Popen[bytes]:
-    """``rlpipe serve`` (granian) as a subprocess, returned once it answers health."""
+    """``rlpipe serve`` (granian) as a subprocess, returned once it answers health. Its stderr
+    goes to a file (:func:`server_log` reads it): a pipe nobody reads fills up, and a server
+    that logs much then blocks on it."""
     source = ["--env", env_id] if env_id is not None else []
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by kill)
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "serve", "--data", str(data), *source,
          "--port", str(port), *extra],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
         env={**os.environ, "PYTHONWARNINGS": "error"},
     )  # fmt: skip
+    _SERVER_LOGS[process.pid] = log
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -112,16 +120,28 @@ def start_serve_process(
             time.sleep(0.1)
         if process.poll() is not None:
             break
-    process.kill()
-    _, err = process.communicate()
-    raise RuntimeError(f"rlpipe serve did not start: {err.decode()[-2000:]}")
+    kill(process)
+    raise RuntimeError(f"rlpipe serve did not start: {server_log(process)[-2000:]}")
+
+
+def server_log(process: subprocess.Popen[bytes]) -> str:
+    """What a process of :func:`start_serve_process` wrote to stderr so far."""
+    log = _SERVER_LOGS.get(process.pid)
+    if log is None or log.closed:
+        return ""
+    log.seek(0)
+    return log.read().decode(errors="replace")
 
 
 def kill(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """Signal a process and wait for it; a served one's stderr file is closed."""
     process.send_signal(sig)
     process.wait(timeout=20)
     if process.stderr is not None:
         process.stderr.close()
+    log = _SERVER_LOGS.pop(process.pid, None)
+    if log is not None:
+        log.close()
 
 
 def cartpole_checkpoint(directory: Path, version: int, seed: int = 0) -> Path:

@@ -39,7 +39,8 @@ class Disk:
     @property
     def error(self) -> StorageError | None:
         """Why the disk refuses writes now (the older of the two kinds first), or None."""
-        return min(self.refusals.values(), key=lambda error: error.since, default=None)
+        refusals = list(self.refusals.values())  # one step: other threads add and remove
+        return min(refusals, key=lambda error: error.since, default=None)
 
     def refused(self, kind: str, error: OSError, path: str | Path) -> StorageError:
         """Count a write the disk refused; failing ``since`` the first of a run of them."""
