@@ -101,13 +101,18 @@ class Service:
         for episode in self.episodes.all_open():
             try:
                 self.close_episode(episode)
+            except ApiError as error:  # the disk refuses: its acknowledged steps are in the log
+                _log.error("episode %s left open: %s", episode.episode_id, error.message)
             except Exception:  # keep closing the rest; the writer close below must happen
                 _log.exception("closing episode %s failed", episode.episode_id)
         try:
             self.write_owed()
         except StorageError as error:
             _log.error("episode summaries lost, the disk refuses them: %s %s", error, self._owed)
-        self.writer.close()
+        try:
+            self.writer.close()
+        except StorageError as error:  # what is acknowledged stays in the log, for the restart
+            _log.error("shut down with shards not written: %s", error)
 
     def write_rows(self, columns: dict[str, list[Any]], summaries: list[dict[str, Any]]) -> None:
         """Make step rows (as columns) and episode summaries durable, in that order (the

@@ -100,8 +100,8 @@ def wait_committed(pending: queue.Queue[Any], disk: Disk, failures: int) -> None
             refused = disk.refusals.get(SHARDS)
             if refused is not None and disk.failures != failures:
                 raise refused.noting(
-                    "; acknowledged rows are safe in the log: the shard is retried, and a new "
-                    "writer on this directory recovers them"
+                    "; acknowledged rows are safe in the log, and become a shard once the disk "
+                    "takes it (or when a new writer on this directory recovers them)"
                 )
             if not pending.unfinished_tasks:
                 return
