@@ -104,9 +104,13 @@ def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path
             assert busy.headers["Retry-After"] == "1"
             assert re.fullmatch(r"the server is \d+ shards behind in writing; retry after 1 s",
                                 busy.json()["error"]["message"])  # fmt: skip
-        time.sleep(1)
-        for client, seq, _ in refused:
-            retried = _send_upload(server.url, client, seq, _steps_table(f"{client}-{seq}", 50))
+        for client, seq, _ in refused:  # as a client does: again after Retry-After, until taken
+            deadline = time.monotonic() + 30
+            while True:
+                retried = _send_upload(server.url, client, seq, _steps_table(f"{client}-{seq}", 50))
+                if retried.status_code != 503 or time.monotonic() > deadline:
+                    break
+                time.sleep(float(retried.headers["Retry-After"]))
             assert retried.json()["stored"] == {"steps": 50}
         metrics = requests.get(server.url + "/v1/metrics", timeout=5).text
     assert (metric(metrics, "rlpipe_responses_total", status="503") or 0) >= 1
