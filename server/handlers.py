@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from pipeline.errors import StorageError
 from pipeline.format import layout
-from pipeline.recording.episode import Episode
+from pipeline.recording.episode import Episode, episode_id_of
 from server import errors, requests
 from server.config import ServerConfig
 from server.episodes import ended_message, replayed_rows
@@ -27,7 +27,6 @@ from server.errors import ApiError
 from server.messages import (
     ARROW_TYPE,
     client_id_of,
-    episode_id_of,
     flag,
     int64,
     json_value,

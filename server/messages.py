@@ -183,15 +183,6 @@ def flag(value: Any, name: str) -> bool:
     return value
 
 
-def episode_id_of(value: Any, name: str = "episode_id") -> str:
-    """Any string a URL can carry once quoted: '.' and '..' are path steps to HTTP clients."""
-    if not isinstance(value, str) or not value or len(value) > 200 or value in (".", ".."):
-        raise bad_request(
-            name, "a non-empty string of at most 200 characters, not '.' or '..'", repr(value)
-        )
-    return value
-
-
 def client_id_of(value: Any) -> str | None:
     """A start's ``client_id``: a string of at most 200 characters, or null for the caller's
     address. It is stored in every row as text, so nothing else is taken in its place."""

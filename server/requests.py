@@ -15,7 +15,7 @@ import gymnasium as gym
 
 from pipeline.format import layout
 from pipeline.recording import batches
-from pipeline.recording.episode import Returns
+from pipeline.recording.episode import Returns, episode_id_of
 from pipeline.recording.recorder import TERMINATED, TRUNCATED, Steps
 from server import messages
 from server.errors import bad_request
@@ -159,7 +159,7 @@ def entries(
         prefix = f"episodes[{i}]."
         if not isinstance(entry, dict):
             raise bad_request(f"episodes[{i}]", "an object", type(entry).__name__)
-        episode_id = messages.episode_id_of(entry.get("episode_id"), prefix + "episode_id")
+        episode_id = episode_id_of(entry.get("episode_id"), prefix + "episode_id")
         terminated = messages.flag(entry.get("terminated", False), prefix + "terminated")
         truncated = messages.flag(entry.get("truncated", False), prefix + "truncated")
         end = TERMINATED if terminated else TRUNCATED if truncated else None
@@ -176,7 +176,7 @@ def columns(
     if not isinstance(ids, list) or not ids:
         raise bad_request("episode_ids", "a non-empty list of episode ids", type(ids).__name__)
     n = len(ids)
-    episode_ids = messages.column(doc, "episode_ids", n, messages.episode_id_of, messages.plain_ids)
+    episode_ids = messages.column(doc, "episode_ids", n, episode_id_of, messages.plain_ids)
     values = messages.column(doc, "observations", n, required=True)
     observations = messages.batch(observation_space, values, "observations")
     terminated = messages.column(doc, "terminated", n, messages.flag, messages.bools, False)

@@ -88,13 +88,33 @@ def test_any_episode_id_travels_in_the_url_quoted(tmp_path: Path) -> None:
             client.log_returns(episode_id, 1.0)
             client.end_episode(episode_id, np.ones(4, np.float32))
         for dots in (".", ".."):
-            with pytest.raises(RequestRejected, match=re.escape(
+            with pytest.raises(SchemaError, match=re.escape(
                 "field 'episode_id': expected a non-empty string of at most 200 characters, not "
                 f"'.' or '..', got '{dots}'")):  # fmt: skip
                 client.start_episode(dots)
     steps = _read(data)
     assert sorted(steps["episode_id"]) == sorted(ids)
     assert steps["reward"].tolist() == [1.0] * len(ids)
+
+
+@pytest.mark.parametrize("mode", ["remote", "local"])
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [({"episode_id": 123}, "episode_id"), ({"episode_id": ""}, "episode_id"),
+     ({"episode_id": "x" * 201}, "episode_id"), ({"training_enabled": "yes"}, "training_enabled")],
+)  # fmt: skip
+def test_a_start_the_server_would_refuse_is_refused_at_the_call_in_both_modes(
+    tmp_path: Path, mode: str, given: dict[str, Any], field: str
+) -> None:
+    """Local mode once took ``start_episode(123)`` and failed only when its rows were uploaded."""
+    data = tmp_path / "ds"
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode=mode, spool_dir=tmp_path / "spool")
+        with pytest.raises(SchemaError, match=f"field '{field}': expected"):
+            client.start_episode(**given)
+        _play(client, 1, seed=0)
+        assert client.close()
+    assert len(_read(data, "episodes")) == 1  # the episode played after, and nothing else
 
 
 def test_a_default_spool_is_removed_once_everything_is_delivered(

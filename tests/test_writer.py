@@ -310,6 +310,18 @@ def test_episodes_table(tmp_path: Path) -> None:
                     ]
                 )
             )
+        late = {"episode_id": "e3", "length": 1, "return": 0.0, "end_reason": "terminated"}
+        for rows in ([late], [late] * 300):  # as a line, and as an Arrow batch
+            message = (
+                "row 0, field 'started_at': expected a time no later than ended_at, got "
+                "2026-11-22 10:00:01+00:00, after ended_at 2026-11-22 10:00:00+00:00"
+            )
+            with pytest.raises(SchemaError, match=re.escape(message)):
+                writer.append_episodes(
+                    rows_to_columns(
+                        [{**row, "started_at": now + 1_000_000, "ended_at": now} for row in rows]
+                    )
+                )
     table = pq.read_table(next(tmp_path.glob("episodes/date=*/*.parquet")))
     assert table.column("episode_id").to_pylist() == ["e1"]
     assert table.column("reset_options").to_pylist() == ['{"low": -0.1}']

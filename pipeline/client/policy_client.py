@@ -47,7 +47,7 @@ from pipeline.errors import (
 from pipeline.format import layout
 from pipeline.policy.checkpoint import load_checkpoint
 from pipeline.policy.network import policy_for
-from pipeline.recording.episode import Returns
+from pipeline.recording.episode import Returns, episode_id_of
 
 INFERENCE_MODES = ("local", "remote")
 _log = logging.getLogger("rlpipe.client")
@@ -128,7 +128,11 @@ class PolicyClient:
         options: Mapping[str, Any] | None = None,
     ) -> str:
         """Open an episode; ``seed`` and reset ``options`` are recorded so it can be replayed."""
-        episode_id = episode_id or self._new_episode_id()
+        if episode_id is None:
+            episode_id = self._new_episode_id()
+        episode_id_of(episode_id)  # refused here, in both modes, as the server refuses it
+        if not isinstance(training_enabled, bool):
+            raise SchemaError.single("training_enabled", "true or false", repr(training_enabled))
         self._check_uploads()
         self._inference.start(episode_id, training_enabled, seed, options)
         return episode_id

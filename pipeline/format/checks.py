@@ -49,9 +49,18 @@ def _values_fit(space: gym.Space[Any], values: Any) -> bool:
 
 
 def episode_values_fit(columns: Mapping[str, Any]) -> bool:
-    """:func:`step_values_fit` for episodes: non-empty ids, lengths >= 0, known end reasons."""
+    """:func:`step_values_fit` for episodes: non-empty ids, lengths >= 0, known end reasons,
+    and no episode ending before it started (times of one type; others take the full checks)."""
+    try:
+        ordered = all(
+            start <= end
+            for start, end in zip(columns["started_at"], columns["ended_at"], strict=True)
+        )
+    except (TypeError, ValueError):
+        return False
     return (
-        all(columns["episode_id"])
+        ordered
+        and all(columns["episode_id"])
         and min(columns["length"]) >= 0
         and all(reason in END_REASONS for reason in columns["end_reason"])
     )

@@ -135,6 +135,13 @@ def episodes_from_columns(columns: Mapping[str, Any]) -> pa.RecordBatch:
     _refuse(
         "end_reason", bad, f"one of {list(END_REASONS)}", lambda row: repr(reasons[row].as_py())
     )
+    started, ended = batch.column("started_at"), batch.column("ended_at")
+    _refuse(
+        "started_at",
+        pc.greater(started, ended),
+        "a time no later than ended_at",
+        lambda row: f"{started[row].as_py()}, after ended_at {ended[row].as_py()}",
+    )
     return batch
 
 

@@ -166,3 +166,12 @@ def reward_sum(pending: float, reward: float, episode_return: float, agent_id: s
             f"{reward!r} (pending {pending!r}, return {episode_return!r})",
         )
     return total
+
+
+def episode_id_of(value: Any, name: str = "episode_id") -> str:
+    """An episode id as every mode takes it: any string a URL can carry once quoted ('.' and
+    '..' are path steps to HTTP clients), of 1 to 200 characters."""
+    if not isinstance(value, str) or not value or len(value) > 200 or value in (".", ".."):
+        expected = "a non-empty string of at most 200 characters, not '.' or '..'"
+        raise SchemaError.single(name, expected, repr(value))
+    return value
