@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test lint demo bench soak clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/serve.py
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[bench]'
 	$(BIN)/python bench/learn.py
+
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

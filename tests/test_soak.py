@@ -1,0 +1,81 @@
+"""``bench/soak.py``: its check finds what it is there to find, and a short soak (a real server
+and trainer killed with ``kill -9`` under every kind of client) loses and duplicates nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from soak_check import check  # noqa: E402
+
+
+def test_check_counts_lost_duplicated_and_unreadable(
+    make_dataset: Callable[..., Path], tmp_path: Path
+) -> None:
+    data = make_dataset(steps=300, per_append=100)
+    shards = sorted((data / "steps").rglob("*.parquet"))
+    keys = pq.read_table(shards[0], columns=["episode_id", "agent_id", "t"]).to_pylist()
+    acks = tmp_path / "acks.txt"
+    lines = [f"{k['episode_id']} {k['agent_id']} {k['t']}" for k in keys]
+    acks.write_text("\n".join([*lines, "never-stored agent0 3"]) + "\n")
+    shutil.copy(shards[0], shards[0].with_name("part-copy-00000000.parquet"))
+    (shards[0].parent / "part-torn-00000000.parquet").write_bytes(b"PAR1 torn off")
+    (shards[0].parent / ".part-half.parquet").write_bytes(b"")
+
+    found = check(data, [acks])
+
+    assert found["acknowledged_steps"] == len(keys) + 1
+    assert found["lost_acknowledged_steps"] == 1
+    assert found["lost_examples"] == ["never-stored agent0 3"]
+    assert found["duplicated_steps"] == len(keys)
+    assert found["stored_steps"] == 300 + len(keys)
+    assert found["unreadable_files"] == 1
+    assert any("part-torn" in name for name in found["unreadable_names"])
+    assert found["stray_files"] == [
+        str((shards[0].parent / ".part-half.parquet").relative_to(data))
+    ]
+    assert found["inspect"]["problems"] >= 2
+
+
+@pytest.mark.timeout(240)
+def test_short_soak_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "soak"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/soak.py",
+            "--minutes",
+            "0.5",
+            "--kill-every",
+            "4,9",
+            "--seed",
+            "1",
+            "--keep",
+            str(work),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["kills"] >= 2, done.stdout
+    assert figures["server_kills"] >= 1  # seed 1 picks the server first
+    assert figures["restarts"] == figures["kills"]
+    assert figures["acknowledged_steps"] > 1000, done.stdout
+    assert figures["lost_acknowledged_steps"] == 0, done.stdout
+    assert figures["duplicated_steps"] == 0, done.stdout
+    assert figures["unreadable_files"] == 0, done.stdout
+    assert figures["unexpected_exits"] == 0, done.stdout
+    assert "server_rss_growth" in figures
