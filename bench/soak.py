@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import report
-from soak_check import Run, check, summarize
+from soak_check import Run, Samples, check, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = {"remote": 2, "local": 1, "vector": 1, "agents": 1}  # kind: processes
@@ -150,7 +150,8 @@ class Server(Child):
         ]
         super().__init__("server", argv, log)
         self.url = f"http://127.0.0.1:{port}"
-        self.lifetimes: list[list[tuple[float, int]]] = []  # (seconds since start, kB)
+        self.zero = time.monotonic()  # the run's clock: Soak sets it when the run begins
+        self.lifetimes: list[tuple[float, Samples]] = []  # (start, samples) on the run's clock
 
     def start(self) -> bool:
         import requests
@@ -161,8 +162,7 @@ class Server(Child):
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 if requests.get(self.url + "/v1/health", timeout=1).ok:
-                    self.began = time.monotonic()
-                    self.lifetimes.append([])
+                    self.lifetimes.append((time.monotonic() - self.zero, []))
                     return True
             except requests.ConnectionError:
                 pass
@@ -175,7 +175,7 @@ class Server(Child):
         if self.lifetimes and not self.exited():
             assert self.process is not None
             kb = _rss_kb(_tree(self.process.pid))
-            self.lifetimes[-1].append((time.monotonic() - self.began, kb))
+            self.lifetimes[-1][1].append((time.monotonic() - self.zero, kb))
 
 
 class Clients:
@@ -228,6 +228,12 @@ class Clients:
         for name, process in self.running.items():
             self.results[name] = self._result(process, name)
 
+    def kill(self) -> None:
+        for process in self.running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
     def _result(self, process: subprocess.Popen[bytes], name: str) -> dict[str, Any]:
         try:
             out, _ = process.communicate(timeout=180)
@@ -257,9 +263,15 @@ class Soak:
     """The run: processes, the kill schedule, and what happened."""
 
     def __init__(
-        self, work: Path, minutes: float, seed: int, kill_every: tuple[float, float]
+        self,
+        work: Path,
+        minutes: float,
+        seed: int,
+        kill_every: tuple[float, float],
+        targets: tuple[str, ...] = ("server", "trainer"),
     ) -> None:
         self.work, self.minutes, self.kill_every = work, minutes, kill_every
+        self.targets = targets
         self.rng = random.Random(seed)
         self.data = work / "ds"
         logs = work / "logs"
@@ -281,12 +293,30 @@ class Soak:
         ]
         self.trainer = Child("trainer", trainer, logs / "trainer.log")
         self.counts = Counter[str]()
+        self.server_restart_s: list[float] = []
 
     def run(self) -> Clients:
+        self.server.zero = time.monotonic()
         if not self.server.start():
             raise SystemExit(f"rlpipe serve did not start; see {self.server.log}")
         self.trainer.start()
         clients = Clients(self.server.url, self.work)
+        try:
+            self._load(clients)
+            self._revive()  # the clients' last deliveries need a server
+            clients.stop()
+            self.server.sample()
+            self.trainer.stop(60)
+            self.server_stop = self.server.stop(120)
+        finally:  # a run that failed leaves no process behind
+            clients.kill()
+            for child in (self.server, self.trainer):
+                if not child.exited():
+                    child.kill()
+        return clients
+
+    def _load(self, clients: Clients) -> None:
+        """The soak proper: kills on schedule, revivals, and the server's RSS every second."""
         began = time.monotonic()
         end = began + self.minutes * 60
         next_kill = began + self._interval()
@@ -294,19 +324,14 @@ class Soak:
         while time.monotonic() < end:
             if time.monotonic() >= next_kill:
                 next_kill = time.monotonic() + self._interval()
-                self._kill(self.rng.choice([self.server, self.trainer]))
+                victim = self.rng.choice(self.targets)
+                self._kill(self.server if victim == "server" else self.trainer)
             self._revive()
             self.counts["client_exits"] += clients.replace_dead()
             if time.monotonic() - sampled >= 1.0:
                 sampled = time.monotonic()
                 self.server.sample()
             time.sleep(0.2)
-        self._revive()  # the clients' last deliveries need a server
-        clients.stop()
-        self.server.sample()
-        self.trainer.stop(60)
-        self.server_stop = self.server.stop(120)
-        return clients
 
     def _interval(self) -> float:
         return self.rng.uniform(*self.kill_every)
@@ -320,9 +345,12 @@ class Soak:
         self._restart(child)
 
     def _restart(self, child: Child) -> None:
+        began = time.monotonic()
         for _ in range(5):
             if child.start():
                 self.counts[f"{child.name}_restarts"] += 1
+                if child is self.server:  # until it answers health again
+                    self.server_restart_s.append(time.monotonic() - began)
                 return
             self.counts[f"{child.name}_failed_starts"] += 1
         raise SystemExit(f"{child.name} did not start 5 times; see {child.log}")
@@ -347,7 +375,16 @@ def main() -> None:
         help="seconds between kills, drawn uniformly (default: 20,60, times M/10 below 10 "
         "minutes, never below a quarter)",
     )
+    parser.add_argument(
+        "--targets",
+        default="server,trainer",
+        help="what the kills pick from (default: server,trainer; 'trainer' alone keeps one "
+        "server lifetime for the whole run, to measure its memory over all of it)",
+    )
     args = parser.parse_args()
+    targets = tuple(args.targets.split(","))
+    if not targets or set(targets) - {"server", "trainer"}:
+        parser.error(f"--targets: expected server and/or trainer, got {args.targets!r}")
     if args.kill_every:
         low, high = (float(x) for x in args.kill_every.split(","))
     else:
@@ -355,10 +392,10 @@ def main() -> None:
         low, high = KILL_EVERY_S[0] * scale, KILL_EVERY_S[1] * scale
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
-        figures = run(Soak(args.keep, args.minutes, args.seed, (low, high)))
+        figures = run(Soak(args.keep, args.minutes, args.seed, (low, high), targets))
     else:
         with tempfile.TemporaryDirectory(prefix="rlpipe-soak-") as tmp:
-            figures = run(Soak(Path(tmp), args.minutes, args.seed, (low, high)))
+            figures = run(Soak(Path(tmp), args.minutes, args.seed, (low, high), targets))
     report(figures)
 
 
@@ -367,11 +404,17 @@ def run(soak: Soak) -> dict[str, Any]:
     clients = soak.run()
     found = check(soak.data, clients.ack_files)
     lifetimes = soak.server.lifetimes
-    with open(soak.work / "logs" / "server-rss.tsv", "w") as out:  # lifetime, seconds, kB
-        for n, samples in enumerate(lifetimes):
+    with open(soak.work / "logs" / "server-rss.tsv", "w") as out:  # lifetime, run's s, kB
+        for n, (_, samples) in enumerate(lifetimes):
             out.writelines(f"{n}\t{s:.1f}\t{kb}\n" for s, kb in samples)
     facts = Run(
-        soak.minutes, soak.kill_every, soak.counts, clients.results, lifetimes, soak.server_stop
+        soak.minutes,
+        soak.kill_every,
+        soak.counts,
+        clients.results,
+        lifetimes,
+        soak.server_stop,
+        soak.server_restart_s,
     )
     return summarize(facts, found)
 

@@ -3,8 +3,11 @@ and trainer killed with ``kill -9`` under every kind of client) loses and duplic
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from soak_check import check  # noqa: E402
+
+# 30 s of load, a kill every 4-9 s (so at least 3), the first of the server
+SHORT_SOAK = "bench/soak.py --minutes 0.5 --kill-every 4,9 --seed 1"
 
 
 def test_check_counts_lost_duplicated_and_unreadable(
@@ -50,32 +56,27 @@ def test_check_counts_lost_duplicated_and_unreadable(
 @pytest.mark.timeout(240)
 def test_short_soak_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     work = tmp_path / "soak"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "bench/soak.py",
-            "--minutes",
-            "0.5",
-            "--kill-every",
-            "4,9",
-            "--seed",
-            "1",
-            "--keep",
-            str(work),
-        ],
+    soak = subprocess.Popen(
+        [sys.executable, *SHORT_SOAK.split(), "--keep", str(work)],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=200,
+        start_new_session=True,  # its server, trainer and clients are in its process group
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["kills"] >= 2, done.stdout
-    assert figures["server_kills"] >= 1  # seed 1 picks the server first
+    try:
+        out, _ = soak.communicate(timeout=200)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(soak.pid, signal.SIGKILL)  # whatever a failed run left behind
+    assert soak.returncode == 0, out[-5000:]
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["kills"] >= 2, out
+    assert figures["server_kills"] >= 1
     assert figures["restarts"] == figures["kills"]
-    assert figures["acknowledged_steps"] > 1000, done.stdout
-    assert figures["lost_acknowledged_steps"] == 0, done.stdout
-    assert figures["duplicated_steps"] == 0, done.stdout
-    assert figures["unreadable_files"] == 0, done.stdout
-    assert figures["unexpected_exits"] == 0, done.stdout
+    assert figures["acknowledged_steps"] > 1000, out
+    assert figures["lost_acknowledged_steps"] == 0, out
+    assert figures["duplicated_steps"] == 0, out
+    assert figures["unreadable_files"] == 0, out
+    assert figures["unexpected_exits"] == 0, out
     assert "server_rss_growth" in figures
