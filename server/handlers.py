@@ -198,12 +198,15 @@ def upload(service: Service, incoming: Incoming, counts: Counts) -> Reply:
                 "X-Rlpipe-Table", f"one of {list(layout.TABLES)}", repr(table_name)
             )
         tables = {table_name: read_arrow(incoming.body)}
+        timed = "logged_at" in tables[table_name].column_names
     else:
-        tables = _json_tables(service, incoming.json())
+        doc = incoming.json()
+        tables = _json_tables(service, doc)  # a dict of lists of row objects, once checked
+        timed = all("logged_at" in row for row in doc.get(layout.STEPS, []))
     counts.steps = tables[layout.STEPS].num_rows if layout.STEPS in tables else 0
     service.check_backlog()
     try:
-        result = service.uploads.store(client_id, seq, tables)
+        result = service.uploads.store(client_id, seq, tables, steps_timed=timed)
     except StorageError as error:  # nothing of this upload is acknowledged: it may be retried
         raise errors.storage_refused(error, service.config.retry_after_s) from error
     service.metrics.accepted(result["stored"].get(layout.STEPS, 0))

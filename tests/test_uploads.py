@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,22 @@ def test_uploads_are_stored_once_across_retries_and_restarts(tmp_path: Path) -> 
     steps = pd.read_parquet(data / "steps")
     assert len(steps) == 15 and set(steps["client_id"]) == {"c1"}
     assert len(pd.read_parquet(data / "episodes")) == 1
+
+
+def test_a_timed_upload_retried_after_a_restart_is_checked_within_its_times(
+    tmp_path: Path,
+) -> None:
+    """Rows that carry their logged_at (PolicyClient's do) are looked up among stored rows of
+    the same times only; a retry after a restart still stores nothing twice."""
+    data = tmp_path / "ds"
+    old = pa.array([datetime(2026, 11, 20, tzinfo=UTC)] * 10, pa.timestamp("us", tz="UTC"))
+    with running_server(cartpole_config(data)) as server:
+        stamped = _steps_table("a", 10).append_column("logged_at", old)
+        assert _upload(server.url, "c1", 0, stamped)["stored"] == {"steps": 10}
+    with running_server(cartpole_config(data)) as server:
+        assert _upload(server.url, "c1", 0, stamped)["stored"] == {"steps": 0}
+        assert _upload(server.url, "c1", 1, _steps_table("b", 5))["stored"] == {"steps": 5}
+    assert len(pd.read_parquet(data / "steps")) == 15
 
 
 def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path: Path) -> None:
