@@ -9,7 +9,8 @@ module that noticed::
     ├── SchemaError        rows that do not fit the step table or the spaces (lists every problem)
     ├── DatasetError       a directory that is not a usable rlpipe dataset
     │   ├── FormatVersionError  a dataset written in a format version this code does not read
-    │   └── StorageError        the dataset's disk refused a write (full, quota, I/O error)
+    │   ├── StorageError        the dataset's disk refused a write (full, quota, I/O error)
+    │   └── DamagedFileError    a file of a dataset whose bytes are not what was written
     └── ServerError        the policy server refused a request, or could not be reached
         ├── RequestRejected     400, 413, 415: the request itself is wrong
         ├── Unauthorized        401: the token is missing or wrong
@@ -125,6 +126,20 @@ def _strerror(error: OSError) -> str:
     if error.errno:
         return os.strerror(error.errno)
     return error.strerror or str(error)
+
+
+class DamagedFileError(DatasetError):
+    """A file of a dataset (a shard, a log segment, the manifest) whose bytes are damaged: a
+    checksum that fails, a footer that does not parse, a file cut short. ``path`` names the
+    file and ``problem`` says what is wrong; ``rlpipe inspect --repair`` moves it aside."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(
+            f"{path}: damaged: {problem}. Run `rlpipe inspect --repair DATASET` to move it "
+            "into DATASET/_quarantine/ and list the rows lost"
+        )
+        self.path = path
+        self.problem = problem
 
 
 class ServerError(RlpipeError):

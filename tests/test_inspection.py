@@ -59,7 +59,12 @@ def test_counts_and_returns_of_a_recorded_dataset(
     assert report["returns"]["max"] == max(complete)
     assert report["date_range"]["first"] <= report["date_range"]["last"]
     assert "observation: fixed_size_list<item: float>[4]" in report["schema"]
-    assert report["health"] == {"uncommitted": [], "unreadable": [], "pending_log": []}
+    assert report["health"] == {
+        "uncommitted": [],
+        "unreadable": [],
+        "pending_log": [],
+        "damaged": [],
+    }
 
 
 def test_episodes_table_and_policy_versions(
@@ -104,6 +109,13 @@ def test_unhealthy_files_are_reported(
         "uncommitted": [f"steps/{date}/.part-dead-00000009.parquet.tmp"],
         "unreadable": [f"steps/{date}/part-broken-00000001.parquet"],
         "pending_log": ["_wal/deadwriter/steps-00000000.arrows"],
+        "damaged": [
+            {
+                "file": f"steps/{date}/part-broken-00000001.parquet",
+                "problem": "its footer cannot be read (Parquet magic bytes not found in footer. "
+                "Either the file is corrupted or this is not a parquet file.)",
+            }
+        ],
     }
     assert report["rows"] == 200  # the unreadable shard is left out, not fatal
     assert main(["inspect", str(path)]) == 0

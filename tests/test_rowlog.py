@@ -19,8 +19,9 @@ import pytest
 from conftest import cartpole_spaces
 
 from pipeline import DatasetError, DatasetWriter, SchemaError, StorageError, recover
-from pipeline.dataset import rowlog
+from pipeline.dataset import records, rowlog
 from pipeline.dataset.writer import LINE_MAX_ROWS
+from pipeline.errors import RlpipeWarning
 from pipeline.format import schema
 from pipeline.format.layout import DEFAULT_AGENT_ID
 
@@ -82,7 +83,7 @@ def test_small_appends_are_stored_as_the_validating_path_stores_them(tmp_path: P
         segments = sorted(p.name for p in (tmp_path / "logged" / "_wal").glob("*/*"))
         assert segments == ["LOCK", "episodes-00000000.rows", "steps-00000000.rows"]
         lines = next((tmp_path / "logged" / "_wal").glob("*/steps-*")).read_bytes().split(b"\n")
-        assert [line[:1] for line in lines[1:]] == [b"{", b"{", b"{", b""]
+        assert [line[9:10] for line in lines[1:]] == [b"{", b"{", b"{", b""]  # behind a CRC
     for name in ("steps", "episodes"):
         assert _table(tmp_path / "logged", name).equals(_table(tmp_path / "checked", name))
     stored = _table(tmp_path / "logged", "steps")
@@ -330,8 +331,19 @@ def test_a_write_that_fails_part_way_rolls_the_segment(
     assert _table(tmp_path, "steps").column("episode_id").to_pylist() == ["a"] * 2 + ["c"] * 2
 
 
-@pytest.mark.parametrize("damage", [b"[[not json]]", b'{"n": 3, "columns": []}', b"packed"])
-def test_a_damaged_complete_line_stops_recovery_and_stays(tmp_path: Path, damage: bytes) -> None:
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (b"[[not json]]", "line 3 fails its checksum"),
+        (records.line(b"[[not json]]"), "line 3 is not a row record"),
+        (records.line(b'{"n": 3, "columns": []}'), "line 3 is not a row record"),
+        (b"packed", "line 3 is not a row record"),
+    ],
+)
+def test_a_damaged_complete_line_is_quarantined_and_named(
+    tmp_path: Path, damage: bytes, problem: str
+) -> None:
+    """Sound lines around it are committed; the segment is moved aside, never deleted."""
     table_schema = schema.step_schema(*cartpole_spaces())
     wal = tmp_path / "_wal" / "deadbeef0000"
     wal.mkdir(parents=True)
@@ -340,10 +352,13 @@ def test_a_damaged_complete_line_stops_recovery_and_stays(tmp_path: Path, damage
     encoder = rowlog.RowEncoder(table_schema)
     checked, line = encoder.encode(_columns(_rows(2)), 1)
     segment.write(line, 2, checked)
-    if damage == b"packed":  # a packed column one value short
-        damage = re.sub(rb'"n":2', b'"n":3', line.rstrip(b"\n"))
-    segment.write_message(damage + b"\n")  # complete, so not a torn tail
+    if damage == b"packed":  # a packed column one value short, behind a sound checksum
+        damage = records.line(re.sub(rb'"n":2', b'"n":3', line.rstrip(b"\n")[9:]))
+    segment.write_message(damage if damage.endswith(b"\n") else damage + b"\n")
+    segment.write(line, 2, checked)
     segment.close()
-    with pytest.raises(DatasetError, match="line 3 is not a row record"):
-        recover(tmp_path)
-    assert segment.path.exists()
+    with pytest.warns(RlpipeWarning, match=re.escape(problem)):
+        (found,) = recover(tmp_path)
+    assert (found.rows, found.problems) == (4, (problem,))
+    assert not segment.path.exists()
+    assert list(tmp_path.glob("_quarantine/*/_wal/deadbeef0000/steps-00000000.rows"))

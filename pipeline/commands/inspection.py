@@ -44,10 +44,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--plot", metavar="FILE.png", help="write return over time and episode lengths to a PNG"
     )
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help="first move damaged files into DIR/_quarantine/ and list the steps and episodes "
+        "lost with them, so readers can go on with the rest",
+    )
     parser.set_defaults(command_module=__name__)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.repair:
+        from pipeline.dataset.quarantine import format_repair, repair
+
+        repaired = repair(args.dir)
+        print(json.dumps(repaired, indent=2) if args.json else format_repair(repaired))
     report = inspect_dataset(args.dir, plot=args.plot)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
@@ -61,7 +72,7 @@ def inspect_dataset(path: str | Path, plot: str | Path | None = None) -> dict[st
 
     manifest = read_manifest(path)
     filesystem, root = layout.resolve(path)
-    health = _health(filesystem, root)
+    health = _health(filesystem, root, manifest)
     bad = set(health["unreadable"])
     steps = _table_files(filesystem, root, layout.STEPS, bad)
     episodes = _table_files(filesystem, root, layout.EPISODES, bad)
@@ -117,8 +128,8 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     problems = (
         [f"uncommitted file {name}" for name in health["uncommitted"]]
-        + [f"unreadable file {name}" for name in health["unreadable"]]
         + [f"pending log segment {name}" for name in health["pending_log"]]
+        + [f"unreadable file {d['file']}: {d['problem']}" for d in health["damaged"]]
     )
     lines.append("health         " + ("ok" if not problems else f"{len(problems)} problems"))
     lines += [f"  - {problem}" for problem in problems]
@@ -171,14 +182,14 @@ def _curve(steps: Any, rows: Any) -> tuple[list[float], list[int], str]:
     )
 
 
-def _health(filesystem: Any, root: str) -> dict[str, list[str]]:
+def _health(filesystem: Any, root: str, manifest: Any) -> dict[str, list[Any]]:
     import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
 
+    from pipeline.dataset.quarantine import find_damaged
     from pipeline.dataset.recovery import pending_segments
     from pipeline.format import layout
 
-    uncommitted, unreadable = [], []
+    uncommitted: list[str] = []
     for table in layout.TABLES:
         selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
         for info in filesystem.get_file_info(selector):
@@ -187,20 +198,16 @@ def _health(filesystem: Any, root: str) -> dict[str, list[str]]:
             relative = info.path[len(root) + 1 :]
             if info.base_name.startswith((".", "_")):
                 uncommitted.append(relative)
-            elif info.base_name.endswith(".parquet"):
-                try:
-                    with filesystem.open_input_file(info.path) as handle:
-                        pq.read_metadata(handle)
-                except (OSError, ValueError):
-                    unreadable.append(relative)
     top = filesystem.get_file_info(pafs.FileSelector(root))
     uncommitted += [i.base_name for i in top if i.base_name.startswith(".")]
     local = isinstance(filesystem, pafs.LocalFileSystem)
     pending = [str(p.relative_to(root)) for p in pending_segments(root)] if local else []
+    damaged = find_damaged(root, manifest, filesystem)
     return {
         "uncommitted": sorted(uncommitted),
-        "unreadable": sorted(unreadable),
+        "unreadable": sorted(d["file"] for d in damaged if d["file"].endswith(".parquet")),
         "pending_log": pending,
+        "damaged": [{"file": d["file"], "problem": d["problem"]} for d in damaged],
     }
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from pipeline.dataset import decoding, discovery
+from pipeline.dataset import damage, decoding, discovery
 from pipeline.dataset.assembly import EpisodeAssembler
 from pipeline.dataset.batch import COLUMN_OF_FIELD, Batch
 from pipeline.errors import ConfigError, DatasetError
@@ -238,12 +238,14 @@ class InputReader:
         dataset = discovery.open_dataset(
             self.filesystem, self.root, paths, self.schema, layout.STEPS
         )
+        damage.check_fragments(dataset, self.schema)  # a damaged footer is named, not misread
         if part.count > 1:
             fragments = discovery.owned_fragments(dataset, part, self.filter)
             dataset = ds.FileSystemDataset(
                 fragments, dataset.schema, dataset.format, self.filesystem
             )
-        yield from dataset.to_batches(columns=self.columns, filter=self.filter)
+        batches = dataset.to_batches(columns=self.columns, filter=self.filter)
+        yield from damage.named(batches, self.filesystem, paths, self.schema)
 
     def _device(self, batch: Batch) -> Batch:
         return batch.to_torch(self.config.device) if self.config.device is not None else batch

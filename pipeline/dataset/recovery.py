@@ -13,12 +13,16 @@ import contextlib
 import fcntl
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.dataset import rowlog
+from pipeline.dataset.records import LogRead
 from pipeline.dataset.shard import find_shard, first_date, write_shard
 from pipeline.dataset.wal import read_segment
+from pipeline.errors import RlpipeWarning
 from pipeline.format import layout
 
 _RECOVERY_ROW_GROUP = 131_072
@@ -27,12 +31,15 @@ _STAGING_GRACE_S = 60.0
 
 @dataclass(frozen=True)
 class Recovered:
-    """One segment brought back: which writer and table, and how many rows it held."""
+    """One segment brought back: which writer and table, and how many rows it held; for a
+    damaged one, what is wrong and its quarantine report entries (the rows it lost)."""
 
     writer_id: str
     table: str
     seq: int
     rows: int
+    problems: tuple[str, ...] = ()
+    entries: tuple[dict[str, Any], ...] = ()
 
 
 def recover(path: str | Path) -> list[Recovered]:
@@ -94,15 +101,34 @@ def _recover_segment(root: str, writer_id: str, segment: Path) -> Recovered | No
     if find_shard(root, table, writer_id, seq) is not None:
         segment.unlink()
         return None
-    _, batches = rowlog.read_rows(segment) if segment.suffix == ".rows" else read_segment(segment)
-    batches = [batch for batch in batches if batch.num_rows]
+    found = rowlog.read_rows(segment) if segment.suffix == ".rows" else read_segment(segment)
+    batches = [batch for batch in found.batches if batch.num_rows]
     rows = sum(batch.num_rows for batch in batches)
     if rows:
         write_shard(
             root, table, writer_id, seq, first_date(batches[0]), batches, _RECOVERY_ROW_GROUP
         )
+    if found.problems:  # its sound records are committed; the file is kept for whoever looks
+        return _quarantined(root, writer_id, segment, found, rows)
     segment.unlink()
     return Recovered(writer_id, table, seq, rows) if rows else None
+
+
+def _quarantined(root: str, writer_id: str, segment: Path, found: LogRead, rows: int) -> Recovered:
+    """Move a damaged segment into quarantine, and warn with the file and what is wrong."""
+    from pipeline.dataset.quarantine import Quarantine
+
+    lost: dict[str, Any] = {"rows": None, "episodes": [], "unknown": "; ".join(found.lost)}
+    entry = Quarantine(root).move(segment, "; ".join(found.problems), lost)
+    warnings.warn(
+        f"{segment}: damaged: {entry['problem']}; its {rows} sound rows were committed, the "
+        f"rest lost ({entry['lost']['unknown'] or 'rows unknown'}); the file is kept as "
+        f"{root}/{entry['moved_to']}",
+        RlpipeWarning,
+        stacklevel=4,
+    )
+    table, seq = layout.parse_segment_name(segment.name) or ("", 0)
+    return Recovered(writer_id, table, seq, rows, tuple(found.problems), (entry,))
 
 
 def _remove_stale_tmp(root: str, writer_id: str) -> None:

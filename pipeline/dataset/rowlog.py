@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from pipeline.dataset import records
 from pipeline.dataset.wal import Segment
 from pipeline.errors import DatasetError
 from pipeline.format.schema import json_text
@@ -110,7 +111,7 @@ class RowEncoder:
         written.insert(self.logged_at, columns[self.logged_at])
         # orjson writes a line in a third of json's time and refuses a lone surrogate (not
         # UTF-8); it would write NaN as null, but floats are checked finite before
-        return columns, orjson.dumps({"n": n, "columns": written}) + b"\n"
+        return columns, records.line(orjson.dumps({"n": n, "columns": written}))
 
     def _checked(self, i: int, kind: str, required: bool, values: list[Any]) -> list[Any]:
         """One column's values checked against its type, as the segment keeps them."""
@@ -234,9 +235,12 @@ class RowSegment(Segment):
 
     def __init__(self, path: Path, table_schema: pa.Schema, seq: int) -> None:
         schema_text = base64.b64encode(table_schema.serialize().to_pybytes()).decode()
-        header = json.dumps({"format": _HEADER, "schema": schema_text}) + "\n"
-        super().__init__(path, table_schema, seq, header.encode())
+        header = json.dumps({"format": _HEADER, "schema": schema_text}).encode()
+        super().__init__(path, table_schema, seq, records.line(header))
         self._columns: CheckedColumns = [[] for _ in table_schema]
+
+    def _record(self, buffer: pa.Buffer | bytes) -> pa.Buffer | bytes:
+        return buffer  # a line carries its own checksum
 
     def _keep(self, kept: Any) -> None:
         for column, values in zip(self._columns, kept, strict=True):
@@ -264,38 +268,66 @@ def _column(kind: pa.DataType, column: list[Any]) -> pa.Array:
     return pa.array(column, type=kind)
 
 
-def read_rows(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
-    """Every complete append of a row segment, dropping a torn tail; (None, []) if the header
-    is torn.
+def read_rows(path: Path) -> records.LogRead:
+    """Every sound append of a row segment, dropping a torn tail and naming damaged lines; no
+    schema if the header is torn or damaged.
 
     Raises:
-        DatasetError: a complete header this code does not know (another format, or damage):
-            its rows must not be dropped as if torn.
+        DatasetError: a sound header this code does not know (another format): its rows must
+            not be dropped as if torn.
     """
-    lines = path.read_bytes().split(b"\n")
-    if len(lines) < 2:
-        return None, []  # no complete header: the writer died creating the segment
+    data = path.read_bytes()
+    unchecked = data.startswith(b"{")  # written before lines had checksums: read as they were
+    lines = records.plain_lines(data) if unchecked else records.checked_lines(data)
+    first = next(lines, None)
+    if first is None:
+        return records.LogRead(None)  # no complete header: the writer died creating it
+    if first[1] is None:
+        return records.LogRead(None, [], [f"the header: {first[2]}"], ["every row"])
+    found = records.LogRead(_header_schema(path, first[1]))
+    columns: CheckedColumns = [[] for _ in found.schema or ()]
+    for number, body, problem in lines:
+        part = _parsed(found.schema, body) if body is not None else None
+        if part is None:
+            found.problems.append(problem or f"line {number} is not a row record")
+            found.lost.append(_lost_rows(found.schema, number, data))
+            continue
+        for kept, column in zip(columns, part, strict=True):
+            kept += column
+    if found.schema is not None and columns[0]:
+        found.batches.append(to_batch(found.schema, columns))
+    return found
+
+
+def _parsed(table_schema: pa.Schema | None, body: bytes) -> CheckedColumns | None:
     try:
-        header = json.loads(lines[0])
+        return _line_columns(table_schema, json.loads(body))
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        return None  # a sound checksum over a line this code cannot read: named as damage
+
+
+def _header_schema(path: Path, body: bytes) -> pa.Schema:
+    try:
+        header = json.loads(body)
         if header.get("format") != _HEADER:
             raise ValueError(header.get("format"))
-        table_schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(header["schema"])))
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(header["schema"])))
     except (ValueError, TypeError, KeyError, AttributeError, pa.ArrowInvalid) as error:
         raise DatasetError(
             f"{path}: not a row segment this rlpipe reads ({error!r}); it is left in place"
         ) from None
-    columns: CheckedColumns = [[] for _ in table_schema]
-    for number, line in enumerate(lines[1:-1], 2):  # the piece after the last newline: torn
-        try:
-            part = _line_columns(table_schema, json.loads(line))
-            for kept, column in zip(columns, part, strict=True):
-                kept += column
-        except (ValueError, TypeError, KeyError, binascii.Error):
-            # a complete line cannot be torn: damage, which must not pass quietly
-            raise DatasetError(
-                f"{path}: line {number} is not a row record; the segment is left in place"
-            ) from None
-    return table_schema, [to_batch(table_schema, columns)] if columns[0] else []
+
+
+def _lost_rows(table_schema: pa.Schema | None, number: int, data: bytes) -> str:
+    """Which rows a damaged line held, as its damaged text still tells (unverified)."""
+    text = data.split(b"\n")[number - 1]
+    try:
+        record = json.loads(text[text.find(b"{") :])
+        columns = dict(zip(table_schema.names, record["columns"], strict=True))  # type: ignore[union-attr]
+        ids = columns["episode_id"]
+        return f"line {number}: {record['n']} rows of episode_id {ids} (as the damaged line reads)"
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return f"line {number}: rows unknown ({len(text)} bytes that do not parse)"
 
 
 def _line_columns(table_schema: pa.Schema, record: Any) -> CheckedColumns:

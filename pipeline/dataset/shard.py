@@ -53,6 +53,7 @@ def parquet_options(schema: pa.Schema) -> dict[str, object]:
         "use_dictionary": dictionary,
         "column_encoding": split,
         "write_statistics": True,
+        "write_page_checksum": True,  # a CRC-32 per page, verified by every rlpipe reader
     }
 
 

@@ -1,10 +1,12 @@
 """The write-ahead log: how an append becomes durable before its shard exists.
 
-A segment is an Arrow IPC stream file (schema message, then one record-batch message per append),
-written with one ``write`` per append and made durable with ``fsync``. Appends from many threads
+A segment holds Arrow IPC messages (the schema, then one record batch per append), each framed
+with its checksums (:mod:`pipeline.dataset.records`), written with one ``write`` per append and made
+durable with ``fsync``. Appends from many threads
 share fsyncs (group commit): a thread whose bytes were covered by another thread's fsync returns
 without its own. After a crash, a segment is read back up to its last complete message; a torn tail
-is what an unacknowledged append left behind, and is dropped. Small appends of tables of scalars
+is what an unacknowledged append left behind, and is dropped; a record whose checksum fails is
+damage, named in what :func:`read_segment` returns. Small appends of tables of scalars
 and short lists (the server's steps) go to segments of JSON lines instead
 (:mod:`pipeline.dataset.rowlog`), which share this class's writing and syncing.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.dataset import records
 from pipeline.format import layout
 
 
@@ -99,7 +102,7 @@ class Segment:
         message, a torn tail that only an end of file may hold: no more go after it."""
         if self.broken:
             raise OSError(f"{self.path}: an earlier write failed part way; roll the segment")
-        view = memoryview(buffer)
+        view = memoryview(self._record(buffer))
         try:
             while view:
                 written = os.write(self._fd, view)
@@ -109,6 +112,11 @@ class Segment:
             raise
         self.written += 1
         return self.written
+
+    def _record(self, buffer: pa.Buffer | bytes) -> pa.Buffer | bytes:
+        """A message as the segment stores it: a checksummed frame (a line segment's lines carry
+        their own checksum)."""
+        return records.frame(buffer, first=self.written == 0)
 
 
 def claim_log_dir(base: Path, writer_id: str) -> tuple[int, Path]:
@@ -148,19 +156,30 @@ def fsync_path(path: str | Path) -> None:
         os.close(fd)
 
 
-def read_segment(path: Path) -> tuple[pa.Schema | None, list[pa.RecordBatch]]:
-    """Every complete batch of a segment, dropping a torn tail; (None, []) if the schema is torn."""
+_IPC_START = b"\xff\xff\xff\xff"  # how a segment written before frames starts
+
+
+def read_segment(path: Path) -> records.LogRead:
+    """Every sound batch of a segment, dropping a torn tail and naming damaged frames; no schema
+    if the schema's frame is torn or damaged."""
     data = path.read_bytes()
+    problems: list[str] = []
+    if data.startswith(records.MAGIC):
+        payloads, problems = records.read_frames(data)
+        data = b"".join(payloads)
+    elif not (records.MAGIC.startswith(data[:8]) or _IPC_START.startswith(data[:4])):
+        problems = ["it starts neither as a framed segment nor as an Arrow IPC stream"]
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(data))
     except (pa.ArrowInvalid, OSError):
-        return None, []
-    batches: list[pa.RecordBatch] = []
+        lost = ["every row: the schema cannot be read"] if problems else []
+        return records.LogRead(None, [], problems, lost)
+    found = records.LogRead(reader.schema, [], problems)
     while True:
         try:
-            batches.append(reader.read_next_batch())
+            found.batches.append(reader.read_next_batch())
         except StopIteration:
             break
         except (pa.ArrowInvalid, OSError):
-            break  # a torn tail: an append that was never acknowledged
-    return reader.schema, batches
+            break  # a torn tail (of a segment written before frames): never acknowledged
+    return found

@@ -9,6 +9,7 @@ version). A dataset looks like::
       episodes/date=2026-11-22/part-<writer>-<seq>.parquet
       _wal/<writer>/<table>-<seq>.arrows             write-ahead log of uncommitted rows
       _wal/<writer>/<table>-<seq>.rows               the same, as JSON lines (server steps)
+      _quarantine/<stamp>/...                        damaged files moved aside, and report.json
 
 Names starting with ``_`` or ``.`` are invisible to ``pyarrow.dataset`` discovery, which is how
 readers never see the log or a shard still being written.
@@ -31,6 +32,7 @@ EPISODES = "episodes"
 TABLES = (STEPS, EPISODES)
 WAL = "_wal"
 WAL_LOCK = "LOCK"
+QUARANTINE = "_quarantine"
 PARTITION_KEY = "date"
 
 DEFAULT_AGENT_ID = "agent0"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +20,7 @@ import gymnasium as gym
 import pyarrow.fs as pafs
 
 from pipeline.dataset.wal import fsync_path
-from pipeline.errors import DatasetError, FormatVersionError
+from pipeline.errors import DamagedFileError, DatasetError, FormatVersionError
 from pipeline.format import layout, spaces
 from pipeline.format.schema import step_schema
 
@@ -35,7 +36,7 @@ class Manifest:
     format_version: int = layout.FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "format": layout.FORMAT_NAME,
             "format_version": self.format_version,
             "created_at": self.created_at,
@@ -43,12 +44,17 @@ class Manifest:
             "observation_space": spaces.space_to_json(self.observation_space),
             "action_space": spaces.space_to_json(self.action_space),
         }
+        return {**doc, "checksum": checksum(doc)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], where: str = "manifest") -> Manifest:
         if not isinstance(doc, dict) or doc.get("format") != layout.FORMAT_NAME:
             raise DatasetError(f'{where}: not an rlpipe manifest (no "format": "rlpipe")')
         check_format_version(doc.get("format_version"), where)
+        if "checksum" in doc and doc["checksum"] != checksum(doc):  # manifests from before lack it
+            raise DamagedFileError(
+                where, f"its checksum {doc['checksum']!r} is not that of its content"
+            )
         try:
             return cls(
                 observation_space=spaces.space_from_json(doc["observation_space"]),
@@ -59,6 +65,13 @@ class Manifest:
             )
         except KeyError as missing:
             raise DatasetError(f"{where}: missing key {missing}") from None
+
+
+def checksum(doc: dict[str, Any]) -> str:
+    """CRC-32 of a manifest's keys but ``checksum``, as JSON with sorted keys and no spaces."""
+    body = {key: value for key, value in doc.items() if key != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return f"{zlib.crc32(text.encode()):08x}"
 
 
 def check_format_version(version: object, where: str) -> None:
@@ -90,7 +103,7 @@ def read_manifest(path: str | Path) -> Manifest:
         try:
             doc = json.loads(stream.read().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise DatasetError(f"{where}: unreadable manifest ({error})") from None
+            raise DamagedFileError(where, f"unreadable manifest ({error})") from None
     return Manifest.from_json(doc, where)
 
 
