@@ -101,6 +101,8 @@ def checked_lines(data: bytes) -> Iterator[tuple[int, bytes | None, str | None]]
     for number, piece in enumerate(pieces, 1):
         last = number == len(pieces)
         body = _checked(piece)
+        if last and body is None and piece:  # a newline that changed into another byte?
+            body = _checked(piece[:-1])
         if last and (not piece or body is None):
             return  # nothing after the last newline, or a torn append
         if last:
