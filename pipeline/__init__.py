@@ -9,6 +9,7 @@ from pipeline.dataset.recovery import recover
 from pipeline.dataset.writer import DatasetWriter, WriterConfig
 from pipeline.errors import (
     ConfigError,
+    DamagedFileError,
     DatasetError,
     FormatVersionError,
     RlpipeError,
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Batch",
     "ConfigError",
+    "DamagedFileError",
     "DatasetError",
     "DatasetWriter",
     "FormatVersionError",

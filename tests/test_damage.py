@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import cartpole_spaces
 
-from pipeline import DatasetWriter, InputReader, WriterConfig, recover
+from pipeline import DamagedFileError, DatasetWriter, InputReader, WriterConfig, recover
 from pipeline.dataset import records
-from pipeline.errors import DamagedFileError, RlpipeWarning
+from pipeline.errors import RlpipeWarning
 from pipeline.format import schema
 
 EPISODES, LENGTH = 6, 50

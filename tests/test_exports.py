@@ -9,6 +9,7 @@ def test_exported_names_are_pinned() -> None:
     assert sorted(pipeline.__all__) == [
         "Batch",
         "ConfigError",
+        "DamagedFileError",
         "DatasetError",
         "DatasetWriter",
         "FormatVersionError",

@@ -47,12 +47,13 @@ class LogRead:
         return sum(batch.num_rows for batch in self.batches)
 
 
-def frame(payload: pa.Buffer | bytes, first: bool) -> bytes:
-    """One IPC message as a frame (the first of a segment led by :data:`MAGIC`)."""
+def frame(payload: pa.Buffer | bytes, first: bool) -> list[pa.Buffer | bytes]:
+    """One IPC message as a frame, its header and the message (the first frame of a segment led
+    by :data:`MAGIC`), to be written in that order without copying the message."""
     view = memoryview(payload)
     head = struct.pack("<II", len(view), zlib.crc32(view))
     header = head + struct.pack("<I", zlib.crc32(head))
-    return (MAGIC if first else b"") + header + view
+    return [(MAGIC if first else b"") + header, payload]
 
 
 def read_frames(data: bytes) -> tuple[list[memoryview], list[str]]:

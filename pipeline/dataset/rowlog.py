@@ -239,8 +239,8 @@ class RowSegment(Segment):
         super().__init__(path, table_schema, seq, records.line(header))
         self._columns: CheckedColumns = [[] for _ in table_schema]
 
-    def _record(self, buffer: pa.Buffer | bytes) -> pa.Buffer | bytes:
-        return buffer  # a line carries its own checksum
+    def _record(self, buffer: pa.Buffer | bytes) -> list[pa.Buffer | bytes]:
+        return [buffer]  # a line carries its own checksum
 
     def _keep(self, kept: Any) -> None:
         for column, values in zip(self._columns, kept, strict=True):

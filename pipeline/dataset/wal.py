@@ -102,20 +102,21 @@ class Segment:
         message, a torn tail that only an end of file may hold: no more go after it."""
         if self.broken:
             raise OSError(f"{self.path}: an earlier write failed part way; roll the segment")
-        view = memoryview(self._record(buffer))
         try:
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+            for part in self._record(buffer):  # a frame's header, then the message: no copy
+                view = memoryview(part)
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
         except BaseException:
             self.broken = True
             raise
         self.written += 1
         return self.written
 
-    def _record(self, buffer: pa.Buffer | bytes) -> pa.Buffer | bytes:
-        """A message as the segment stores it: a checksummed frame (a line segment's lines carry
-        their own checksum)."""
+    def _record(self, buffer: pa.Buffer | bytes) -> list[pa.Buffer | bytes]:
+        """A message as the segment stores it, in pieces: a checksummed frame (a line
+        segment's lines carry their own checksum)."""
         return records.frame(buffer, first=self.written == 0)
 
 
