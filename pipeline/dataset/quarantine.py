@@ -267,7 +267,8 @@ def format_repair(report: dict[str, Any]) -> str:
     moved = report["quarantined"]
     if not moved:
         return "repair         nothing damaged"
-    lines = [f"repair         {len(moved)} damaged files moved into {layout.QUARANTINE}/"]
+    files = "1 damaged file" if len(moved) == 1 else f"{len(moved)} damaged files"
+    lines = [f"repair         {files} moved into {report['folder'] or layout.QUARANTINE}/"]
     for entry in moved:
         lost = entry["lost"]
         rows = "unknown" if lost["rows"] is None else lost["rows"]
