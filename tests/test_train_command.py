@@ -44,7 +44,9 @@ def _has_matplotlib() -> bool:
     return True
 
 
-def test_train_bc_offline_checkpoints_to_the_run_dir_and_resumes(tmp_path: Path) -> None:
+def test_train_bc_offline_checkpoints_to_the_run_dir_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = scripted_cartpole(tmp_path / "ds", steps=3000, epsilon=0.1)
     run_dir = tmp_path / "run"
     args = ["train", "bc", "--data", str(data), "--run-dir", str(run_dir), "--max-updates",
@@ -56,11 +58,14 @@ def test_train_bc_offline_checkpoints_to_the_run_dir_and_resumes(tmp_path: Path)
     assert latest_checkpoint(run_dir) == run_dir / "checkpoints" / "policy-00000002.npz"
     assert not (data / "checkpoints").exists()  # never into the dataset
     assert (run_dir / "learning_curve.png").exists() == _has_matplotlib()
-    # the same run dir resumes: trainer state, version counter and metrics file carry on
-    assert main([*args[:7], "100", "--eval-every", "100", *SMALL]) == 0
+    # the same run dir resumes: trainer state, version and update counters and metrics carry on
+    assert main([*args[:7], "400", "--eval-every", "100", *SMALL]) == 0
     resumed = _metrics(run_dir)[-1]
-    assert resumed["version"] == 3 and resumed["update"] == 100
+    assert resumed["version"] == 3 and resumed["update"] == 400
     assert load_checkpoint(latest_checkpoint(run_dir)).spec.algorithm == "bc"  # type: ignore[arg-type]
+    # a run that has made its --max-updates says so, rather than making one more
+    assert main([*args[:7], "400", *SMALL]) == 2
+    assert "train.max_updates: expected more than the 400 updates" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,9 @@ class ReaderConfig:
             (None: forever).
         min_policy_version, max_policy_version, since, until, training_enabled, client_ids,
             agent_ids: filters, pushed down to the files.
+        skip_shards: shards not to read, as paths under the dataset root
+            (``steps/date=.../part-....parquet``, as :attr:`InputReader.shards_read` gives them):
+            a follower resumes after the shards an earlier one read.
         rank, world_size: this process's share in distributed training.
         device: yield torch batches on this device (``"cpu"``, ``"cuda:0"``), converted once per
             scanned chunk or shuffle buffer and sliced per batch: several times cheaper than
@@ -72,6 +75,7 @@ class ReaderConfig:
     training_enabled: bool | None = None
     client_ids: tuple[str, ...] | None = None
     agent_ids: tuple[str, ...] | None = None
+    skip_shards: tuple[str, ...] = ()
     rank: int = 0
     world_size: int = 1
     device: str | None = None
@@ -86,7 +90,7 @@ class ReaderConfig:
             raise ConfigError(
                 "ReaderConfig", "rank", f"an integer < world_size={self.world_size}", self.rank
             )
-        for name in ("columns", "client_ids", "agent_ids"):
+        for name in ("columns", "client_ids", "agent_ids", "skip_shards"):
             value = getattr(self, name)
             if isinstance(value, str):
                 raise ConfigError("ReaderConfig", name, "a sequence of strings", value)
@@ -129,6 +133,7 @@ class InputReader:
         self.filter = build_filter(self.config, filter)
         self._epoch = 0
         self._stream: Iterator[Batch] | None = None
+        self._seen: set[str] = set()
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass (an epoch); a new ``iter`` starts the next epoch with a fresh shuffle."""
@@ -173,6 +178,16 @@ class InputReader:
 
         return _Dataset()
 
+    @property
+    def shards_read(self) -> frozenset[str]:
+        """The shards this pass has read, and ``skip_shards``, as paths under the dataset root.
+
+        Between two batches of a follow, every row of these shards has been yielded (a look's new
+        shards come out as one batch when ``batch_size`` exceeds their rows): a follower's read
+        position, which ``skip_shards`` resumes from."""
+        cut = len(self.root) + 1
+        return frozenset(path[cut:] for path in self._seen)
+
     def to_batch(self, data: pa.RecordBatch | pa.Table) -> Batch:
         """Arrow rows of this dataset's step table as a Batch (see ``decoding.to_batch``)."""
         return decoding.to_batch(data, self.observation_space, self.action_space)
@@ -208,7 +223,7 @@ class InputReader:
         self, part: discovery.Part, rng: np.random.Generator
     ) -> Iterator[pa.RecordBatch | None]:
         """Record batches of newly committed shards; in follow mode, a None when caught up."""
-        seen: set[str] = set()
+        seen = self._seen = {f"{self.root}/{path}" for path in self.config.skip_shards}
         idle_since = time.monotonic()
         while True:
             paths = [

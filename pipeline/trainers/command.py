@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--run-dir",
         type=Path,
-        help="metrics, curve, state and offline checkpoints (default: runs/ALGO-TIME)",
+        help="metrics, curve, state and offline checkpoints (default: runs/ALGO-TIME); a run "
+        "started again with the same one resumes from its state and read position",
     )
     parser.add_argument(
         "--batch-size",

@@ -15,14 +15,19 @@ Rows of ``training_enabled=False`` episodes are stored and marked, and no loop r
 InputReader's own filter does this, so ``rlpipe inspect`` and ``rlpipe replay`` see every row.
 
 Both save the trainer's state (``RUN/trainer-state.npz``) with each evaluation, at least every
-``STATE_EVERY_S`` seconds and when they stop; a run started again with the same ``--run-dir``
-resumes from it.
+``STATE_EVERY_S`` seconds and when they stop, with the run's progress (``state.Progress``); a
+run started again with the same ``--run-dir`` resumes from it: weights, update and version
+counters, and where it was in the data. Online that is the shards whose rows the trainer holds
+(in its replay buffer, or trained on): the resumed reader skips them and reads every later shard
+once; rows read after the save are read again. Offline it is the minibatch sampler.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,13 +104,28 @@ class _Run:
     def __init__(self, trainer: Trainer, settings: LoopSettings, log: RunLog) -> None:
         self.trainer, self.settings, self.log = trainer, settings, log
         self.publish_dir = (settings.data if settings.follow else settings.run_dir) / "checkpoints"
-        latest = latest_checkpoint(self.publish_dir)
-        self.version = load_checkpoint(latest).version if latest else 0
+        self.progress = state.Progress()
         state_file = settings.run_dir / state.STATE_FILE
         if state_file.exists():
-            trainer.load_state_dict(state.load_state(state_file))
+            arrays = state.load_state(state_file)
+            self.progress = state.Progress.pop(arrays, state_file)
+            trainer.load_state_dict(arrays)
+        latest = latest_checkpoint(self.publish_dir)
+        # the state may lag the newest version; a version lost in a crash is never reused either
+        self.version = max(load_checkpoint(latest).version if latest else 0, self.progress.version)
+        self.updates = self.progress.updates
+        if settings.max_updates is not None and self.updates >= settings.max_updates:
+            raise ConfigError(
+                "train",
+                "max_updates",
+                f"more than the {self.updates} updates {state_file} has made",
+                settings.max_updates,
+            )
+        self.rng = np.random.default_rng(settings.seed)  # offline's minibatch sampler
+        if self.progress.sampler is not None:
+            self.rng.bit_generator.state = self.progress.sampler
+        self._delivered = self.progress.shards  # shards the reader has yielded all rows of
         self.start = self.saved = time.monotonic()
-        self.updates = 0
         # checkpoints are written off the training thread: most of a write is its two fsyncs,
         # a few ms of each online PPO update otherwise (more when other processes write)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
@@ -143,23 +163,46 @@ class _Run:
             written.result()
 
     def save_state(self) -> None:
+        """Save the trainer's state with the run's progress: its updates, version, sampler and
+        (online) the read position last :meth:`reached`."""
         self.wait_written()  # a saved state's version is never ahead of the published ones
-        state.save_state(self.settings.run_dir, self.trainer.state_dict())
+        progress = dataclasses.replace(
+            self.progress,
+            updates=self.updates,
+            version=self.version,
+            sampler=None if self.settings.follow else self.rng.bit_generator.state,
+        )
+        arrays = {**self.trainer.state_dict(), state.PROGRESS: progress.to_array()}
+        state.save_state(self.settings.run_dir, arrays)
         self.saved = time.monotonic()
 
-    def follow(self, **filters: Any) -> InputReader:
+    def reached(self, env_steps: int, trained_rows: int = 0) -> None:
+        """Online: every row read so far is in the trainer (its buffer, or trained on), so a
+        state saved now resumes after them."""
+        self.progress = dataclasses.replace(
+            self.progress, shards=self._delivered, env_steps=env_steps, trained_rows=trained_rows
+        )
+
+    def follow(self, **filters: Any) -> Iterator[Batch]:
         """The live dataset as it is committed, one batch per look: everything new since the
-        last (``training_enabled`` rows only, unless the run includes the others)."""
+        last (``training_enabled`` rows only, unless the run includes the others), after the
+        shards of the saved read position. Each batch's shards go to the run's read log."""
         s = self.settings
-        return InputReader(
+        reader = InputReader(
             s.data,
             batch_size=_ALL_NEW_ROWS,
             follow=True,
             timeout_s=s.timeout_s,
             poll_interval_s=POLL_S,
             training_enabled=s.training_enabled,
+            skip_shards=tuple(self.progress.shards),
             **filters,
         )
+        for batch in reader:
+            delivered = reader.shards_read
+            self.log.read(sorted(delivered - self._delivered), len(batch))
+            self._delivered = delivered
+            yield batch
 
     def finished(self, score: float | None) -> bool:
         s = self.settings
@@ -177,18 +220,21 @@ def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict
     if not len(data):
         which = "rows" if settings.include_untrained else "training_enabled rows"
         raise DatasetError(f"{settings.data}: no {which} to train on")
-    rng, rows = np.random.default_rng(settings.seed), data
+    rows = data
     with run:
         while True:
-            if isinstance(trainer, RefreshesTargets) and run.updates % settings.eval_every == 0:
-                # e.g. MARWIL's returns bootstrap truncations from V: refresh them as V learns
+            if isinstance(trainer, RefreshesTargets) and (
+                rows is data or run.updates % settings.eval_every == 0
+            ):  # e.g. MARWIL's returns bootstrap truncations from V: refresh them as V learns
                 rows = trainer.with_targets(data)
-            metrics = trainer.update(rows[rng.integers(len(rows), size=settings.batch_size)])
+            metrics = trainer.update(rows[run.rng.integers(len(rows), size=settings.batch_size)])
             run.updates += 1
             if run.updates % settings.eval_every == 0 or run.finished(None):
                 entry = run.publish({"rows": len(data), **metrics})
                 if run.finished(entry.get("eval_return")):
                     return entry
+            elif time.monotonic() - run.saved >= STATE_EVERY_S:
+                run.save_state()
 
 
 def train_online(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
@@ -213,15 +259,19 @@ def _online_rollouts(run: _Run, trainer: OnPolicy, entry: dict[str, Any]) -> dic
     made are used, not dropped, up to that cap. The score is the mean return of the last
     SCORE_EPISODES episodes the clients played, summed from the rows read: what the clients got,
     at no cost; gymnasium evaluates only every ``eval_every`` updates."""
-    s = run.settings
-    reader = run.follow(min_policy_version=run.version)
+    s, progress = run.settings, run.progress
+    if progress.min_policy_version is None:  # not resumed: this run's versions start here
+        run.progress = dataclasses.replace(progress, min_policy_version=run.version)
+    reader = run.follow(min_policy_version=run.progress.min_policy_version)
     returns = EpisodeReturns(SCORE_EPISODES)
     pending: list[Batch] = []
-    rows = env_steps = trained = 0
+    rows, env_steps, trained = 0, progress.env_steps, progress.trained_rows
     for batch in reader:
         env_steps += len(batch)
         returns.add(batch)
         if not trainer.fresh(batch).any():
+            if not pending:
+                run.reached(env_steps, trained)
             continue  # all too stale for the policy loss: read past the backlog
         pending.append(batch)
         rows += len(batch)
@@ -230,6 +280,7 @@ def _online_rollouts(run: _Run, trainer: OnPolicy, entry: dict[str, Any]) -> dic
         newest = _by_episode(Batch.concat(pending)[max(0, rows - MAX_BATCHES * s.batch_size) :])
         metrics = trainer.update(newest)
         pending, rows, run.updates, trained = [], 0, run.updates + 1, trained + len(newest)
+        run.reached(env_steps, trained)
         score = returns.mean() if returns.full else None  # a mean of 20, or none yet
         entry = run.publish(
             {
@@ -314,10 +365,11 @@ def _online_transitions(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
     s = run.settings
     reader = run.follow()
     buffer = ReplayBuffer(seed=s.seed)
-    env_steps = since_eval = since_publish = 0
+    env_steps, since_eval, since_publish = run.progress.env_steps, 0, 0
     for batch in reader:
         buffer.add(batch)
         env_steps += len(batch)
+        run.reached(env_steps)
         if len(buffer) < s.batch_size:
             continue
         for _ in range(min(max(1, round(len(batch) * s.replay_ratio)), MAX_UPDATES_PER_READ)):

@@ -4,18 +4,26 @@ Metrics go to ``RUN/metrics.jsonl``, one JSON object per line (appended and flus
 so a crashed run keeps its history and ``pandas.read_json(lines=True)`` reads it). The curve is
 drawn with matplotlib when it is installed; it is optional, so without it the run says so once
 and skips the PNG.
+
+An online run also keeps its read log, ``RUN/reads.jsonl``: one line per batch it read from the
+dataset, ``{"seconds", "pid", "rows", "shards"}``, the shards (paths under the dataset root) whose
+rows first came in that batch. Lines of a resumed run follow those of the run before it, under
+another ``pid``; so the log shows which rows each process read, and that a resumed one read none
+it had already trained on.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 METRICS_FILE = "metrics.jsonl"
+READS_FILE = "reads.jsonl"
 CURVE_FILE = "learning_curve.png"
 
 
@@ -31,6 +39,7 @@ class RunLog:
         self._start = time.monotonic()
         self._records: list[dict[str, Any]] = []
         self._interactive = self.stream.isatty()
+        self._reads: TextIO | None = None
 
     def record(self, **values: Any) -> dict[str, Any]:
         entry = {
@@ -42,6 +51,15 @@ class RunLog:
         self._file.flush()
         self.progress(entry)
         return entry
+
+    def read(self, shards: list[str], rows: int) -> None:
+        """Log a batch read from the dataset: its rows, and the shards whose rows it brought."""
+        if self._reads is None:
+            self._reads = (self.run_dir / READS_FILE).open("a", encoding="utf-8")
+        seconds = round(time.monotonic() - self._start, 3)
+        line = {"seconds": seconds, "pid": os.getpid(), "rows": rows, "shards": shards}
+        self._reads.write(json.dumps(line) + "\n")
+        self._reads.flush()
 
     def progress(self, entry: dict[str, Any]) -> None:
         """One line per record; rewritten in place on a terminal, appended in a log."""
@@ -55,6 +73,8 @@ class RunLog:
     def close(self) -> Path | None:
         """Close the metrics file and draw the curve; returns the PNG's path, if drawn."""
         self._file.close()
+        if self._reads is not None:
+            self._reads.close()
         if self._interactive:
             print(file=self.stream)
         return plot(self._records, self.run_dir / CURVE_FILE, self.title, self.stream)

@@ -5,13 +5,18 @@ instead a ``dict[str, np.ndarray]``: module parameters under ``{name}.{parameter
 moment under ``{name}.state.{index}.{key}``, the optimizer's hyperparameters as JSON bytes under
 ``{name}.param_groups``. It is written with ``np.savez`` and read with ``allow_pickle=False``
 (safetensors would do the same job; it is not a dependency, and plain ``.npz`` is enough).
+
+The same file holds the run's :class:`Progress` (JSON bytes under ``run.progress``): how far the
+loop has got and what it has read, so that weights and read position always agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -20,6 +25,7 @@ from pipeline.errors import DatasetError
 from pipeline.policy.checkpoint import save_arrays
 
 STATE_FILE = "trainer-state.npz"
+PROGRESS = "run.progress"  # the key of the Progress in the state file; no trainer's module name
 
 
 class Parts(NamedTuple):
@@ -102,3 +108,42 @@ def load_state(path: str | Path) -> dict[str, np.ndarray]:
 
 def _json_bytes(value: object) -> np.ndarray:
     return np.frombuffer(json.dumps(value).encode(), dtype=np.uint8).copy()
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """How far a run has got, saved with the trainer's state; a resumed run starts from it.
+
+    Attributes:
+        updates: the loop's updates so far (``--max-updates`` counts them across restarts).
+        version: the newest policy version published, so a resumed run never reuses one.
+        env_steps, trained_rows: online, rows read from the dataset and rows trained on.
+        shards: online, the shards every row of which the trainer holds (in its replay buffer, or
+            trained on): its read position, as paths under the dataset root.
+        min_policy_version: online PPO, its first version: it reads the rows of its own versions.
+        sampler: offline, the state of the minibatch sampler's bit generator.
+    """
+
+    updates: int = 0
+    version: int = 0
+    env_steps: int = 0
+    trained_rows: int = 0
+    shards: frozenset[str] = frozenset()
+    min_policy_version: int | None = None
+    sampler: Mapping[str, Any] | None = None
+
+    def to_array(self) -> np.ndarray:
+        return _json_bytes({**dataclasses.asdict(self), "shards": sorted(self.shards)})
+
+    @classmethod
+    def pop(cls, arrays: dict[str, np.ndarray], path: str | Path) -> Progress:
+        """The progress saved in ``arrays`` (taken out of them); a state saved before progress
+        was (or an empty one) resumes weights only."""
+        array = arrays.pop(PROGRESS, None)
+        if array is None:
+            return cls()
+        try:
+            fields = json.loads(array.tobytes().decode())
+            return cls(**{**fields, "shards": frozenset(fields["shards"])})
+        except (ValueError, TypeError, KeyError) as error:
+            raise DatasetError(f"{path}: unreadable {PROGRESS} ({error!r})") from None
