@@ -137,8 +137,8 @@ class Progress:
 
     @classmethod
     def pop(cls, arrays: dict[str, np.ndarray], path: str | Path) -> Progress:
-        """The progress saved in ``arrays`` (taken out of them); a state saved before progress
-        was (or an empty one) resumes weights only."""
+        """The progress saved in ``arrays``, taken out of them; a state file written before
+        progress was saved in it resumes the weights only."""
         array = arrays.pop(PROGRESS, None)
         if array is None:
             return cls()
