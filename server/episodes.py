@@ -103,6 +103,19 @@ class EpisodeBook:
         with self._lock:
             return list(self._open.values())
 
+    def recently_ended(self, n: int) -> list[tuple[str, Last]]:
+        """The ``n`` most recently ended ids and their last answers, oldest first (what a
+        server that takes over this book's episodes needs to answer their retries)."""
+        with self._lock:
+            return list(self._ended.items())[-n:]
+
+    def remember_ended(self, episode_id: str, last: Last) -> None:
+        """Take an id another server ended, with its last answer (:mod:`server.revival`)."""
+        with self._lock:
+            self._ended[episode_id] = last
+            while len(self._ended) > self._remember:
+                self._ended.popitem(last=False)
+
 
 def refuse_repeats(episode_ids: Sequence[str], field: str) -> None:
     """The 400 for a request that names an episode twice (its rows would race for it)."""

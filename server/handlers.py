@@ -85,7 +85,7 @@ def start_episode(service: Service, incoming: Incoming, counts: Counts) -> Reply
         doc,
         incoming.remote_addr,
     )
-    episode, created = service.episodes.start(episode)
+    episode, created = service.journal.start(episode)
     return {"episode_id": episode.episode_id}, 201 if created else 200
 
 
@@ -119,7 +119,7 @@ def log_returns(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     with episode.lock:
         if episode.ended:
             raise ApiError(409, ended_message(incoming.episode_id))
-        episode.add_returns(returns)
+        service.journal.add_returns(episode, returns)
     return {"episode_id": incoming.episode_id}, 200
 
 
@@ -157,13 +157,13 @@ def _run(
         for episode_id, start in zip(request.episode_ids, starts, strict=True):
             if start is not None:
                 episode = _episode(service, episode_id, start, remote_addr)
-                episode, created = service.episodes.start(episode)
+                episode, created = service.journal.start(episode)
                 if created:
                     started.append(episode)
         return service.stepper.submit(request)
     except BaseException as error:
         for episode in started:
-            service.episodes.withdraw(episode)
+            service.journal.withdraw(episode)
         if isinstance(error, ApiError):
             return late_replay(service, error, request)
         raise

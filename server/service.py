@@ -30,6 +30,7 @@ from server.episodes import EpisodeBook
 from server.errors import ApiError, storage_refused
 from server.inference import PolicyRunner
 from server.metrics import Metrics
+from server.revival import open_journal
 from server.stepper import Stepper
 from server.uploads import UploadLedger
 
@@ -65,6 +66,7 @@ class Service:
         self.stepper = Stepper(self)
         self._owed: list[dict[str, Any]] = []  # summaries of ended episodes the disk refused
         self._owed_lock = threading.Lock()
+        self.journal = open_journal(self)  # a dead server's open episodes, adopted
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True, name="rlpipe-reaper")
         self._reaper.start()
@@ -88,9 +90,10 @@ class Service:
             if episode.ended:
                 return
             done = recorder.close(episode, end_reason)
-            self.write_rows(done.columns, done.summaries)
-            recorder.settle(done)
-            self.episodes.finish(episode)
+            with self.journal.closing(episode, end_reason):
+                self.write_rows(done.columns, done.summaries)
+                recorder.settle(done)
+                self.episodes.finish(episode)
 
     def close(self) -> None:
         """Close every open episode as truncated, then the writer. Safe to call twice."""
@@ -113,6 +116,8 @@ class Service:
             self.writer.close()
         except StorageError as error:  # what is acknowledged stays in the log, for the restart
             _log.error("shut down with shards not written: %s", error)
+        finally:  # kept for the next server while an episode is still open
+            self.journal.close(remove=len(self.episodes) == 0)
 
     def write_rows(self, columns: dict[str, list[Any]], summaries: list[dict[str, Any]]) -> None:
         """Make step rows (as columns) and episode summaries durable, in that order (the

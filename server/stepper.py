@@ -18,7 +18,7 @@ from pipeline.recording import batches, recorder
 from pipeline.recording.episode import Episode
 from pipeline.recording.recorder import Steps
 from server.combiner import Combiner
-from server.episodes import refuse_repeats, replayed
+from server.episodes import EpisodeBook, refuse_repeats, replayed
 from server.errors import ApiError
 
 Answer = dict[str, Any]
@@ -109,28 +109,12 @@ class Stepper:
     def _step(self, requests: list[Request], episodes: list[Episode]) -> list[list[Answer]]:
         service = self._service
         service.check_backlog()
-        steps = _join([request.steps for request in requests])
+        steps = joined(requests)
         done = recorder.complete(steps)
         actions, logp, version = self._actions(steps, done.acting)
-        service.write_rows(done.columns, done.summaries)
-        recorder.commit(steps, done, actions, logp, version)
-        for request in requests:
-            for episode, multiagent in zip(request.steps.touched, request.forms, strict=True):
-                episode.multiagent = multiagent
-        row_actions: list[Any] = [None] * len(steps)
-        row_logp: list[float | None] = [None] * len(steps)
-        for n, i in enumerate(done.acting):
-            row_actions[i], row_logp[i] = actions[n], logp[n]
-        answers, start = [], 0
-        for request in requests:
-            end = start + len(request.steps)
-            answers.append(_answers(request, row_actions[start:end], row_logp[start:end], version))
-            start = end
-        # ended only now: a copy of a request that finds one of its episodes ended finds every
-        # answer of the first try in place (handlers.late_replay)
-        for episode in done.ending:
-            service.episodes.finish(episode)
-        return answers
+        with service.journal.stepping(requests, actions, logp, version):  # before the rows
+            service.write_rows(done.columns, done.summaries)
+            return settle(requests, steps, done, actions, logp, version, service.episodes)
 
     def _actions(self, steps: Steps, acting: list[int]) -> tuple[list[Any], list[Any], int | None]:
         """The actions of the rows that act: logged ones as given, the rest from one forward
@@ -143,6 +127,43 @@ class Stepper:
         by_row = dict(zip(chosen, zip(actions, logp, strict=True), strict=True))
         picked = [by_row.get(i, (logged[i], None)) for i in acting]
         return [a for a, _ in picked], [p for _, p in picked], version
+
+
+def joined(requests: list[Request]) -> Steps:
+    """The rows of a pass's requests as one :class:`Steps`."""
+    return _join([request.steps for request in requests])
+
+
+def settle(
+    requests: list[Request],
+    steps: Steps,
+    done: recorder.Completion,
+    actions: list[Any],
+    logp: list[Any],
+    version: int | None,
+    book: EpisodeBook,
+) -> list[list[Answer]]:
+    """Advance the episodes of a pass whose rows are safe, and answer each request; a server
+    that takes over a dead one's episodes replays its passes through here
+    (:mod:`server.revival`)."""
+    recorder.commit(steps, done, actions, logp, version)
+    for request in requests:
+        for episode, multiagent in zip(request.steps.touched, request.forms, strict=True):
+            episode.multiagent = multiagent
+    row_actions: list[Any] = [None] * len(steps)
+    row_logp: list[float | None] = [None] * len(steps)
+    for n, i in enumerate(done.acting):
+        row_actions[i], row_logp[i] = actions[n], logp[n]
+    answers, start = [], 0
+    for request in requests:
+        end = start + len(request.steps)
+        answers.append(_answers(request, row_actions[start:end], row_logp[start:end], version))
+        start = end
+    # ended only now: a copy of a request that finds one of its episodes ended finds every
+    # answer of the first try in place (handlers.late_replay)
+    for episode in done.ending:
+        book.finish(episode)
+    return answers
 
 
 def _answers(

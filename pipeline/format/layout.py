@@ -10,6 +10,7 @@ version). A dataset looks like::
       _wal/<writer>/<table>-<seq>.arrows             write-ahead log of uncommitted rows
       _wal/<writer>/<table>-<seq>.rows               the same, as JSON lines (server steps)
       _quarantine/<stamp>/...                        damaged files moved aside, and report.json
+      _journal/<writer>/journal-<n>.jsonl            a server's open episodes (server.journal)
 
 Names starting with ``_`` or ``.`` are invisible to ``pyarrow.dataset`` discovery, which is how
 readers never see the log or a shard still being written.
@@ -33,6 +34,7 @@ TABLES = (STEPS, EPISODES)
 WAL = "_wal"
 WAL_LOCK = "LOCK"
 QUARANTINE = "_quarantine"
+JOURNAL = "_journal"
 PARTITION_KEY = "date"
 
 DEFAULT_AGENT_ID = "agent0"

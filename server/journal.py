@@ -1,0 +1,216 @@
+"""The journal of open episodes: what a server restarted after a ``kill -9`` needs to carry on.
+
+Open episodes live in the server's memory (:mod:`server.episodes`); their rows are durable in
+the dataset's log, but their pending steps, accrued rewards and retry memory are not. The
+journal makes them as durable as the rows: each server appends JSON lines
+(:mod:`server.records`) to ``DATASET/_journal/<writer>/journal-<n>.jsonl``:
+
+- ``start``, ``drop`` (a refused batch withdrew an episode it opened) and ``returns``
+  (log_returns), each written before its answer;
+- ``pass``: a step pass's requests and actions, written *before* its rows (an intent), and
+  ``close`` (an idle or shut-down episode closed), likewise; ``abort`` after one whose write
+  failed. Records are written in order under one lock, and a pass holds it from its intent until
+  its episodes have advanced, so only the journal's last record can be an intent whose rows
+  may not have landed: :mod:`server.revival` looks for them in the dataset.
+
+Under ``--sync always`` each record is fsynced before the rows or the answer that depend on it;
+under ``background`` a thread fsyncs the journal every ``sync_interval_s``, as the writer does
+its log. When a file passes ``max_bytes`` the journal rolls: the new file starts with a
+snapshot of every open episode (and the answers of recently ended ones), is fsynced, and only
+then is the old one deleted. The directory is claimed under a ``flock`` like the writer's log
+(:func:`pipeline.dataset.wal.claim_log_dir`), so a server that finds the lock free knows its
+owner is dead and adopts its episodes. A clean shutdown closes every episode and removes it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.dataset.wal import claim_log_dir, fsync_path, release_log_dir
+from pipeline.format import layout
+from pipeline.recording.episode import Episode, Returns
+from server import records
+from server.episodes import EpisodeBook
+from server.stepper import Request
+
+MAX_BYTES = 4 * 2**20  # a restart replays at most this much (about a second)
+REMEMBER_ENDED = 4096  # ended episodes a snapshot keeps answers for (retries come in seconds)
+
+
+def journal_root(root: str) -> Path:
+    return Path(root) / layout.JOURNAL
+
+
+def journal_files(directory: Path) -> list[Path]:
+    """A journal directory's files, oldest first."""
+    return sorted(directory.glob("journal-*.jsonl"))
+
+
+class Journal:
+    """One server's journal of its open episodes.
+
+    Args:
+        root: the dataset directory.
+        journal_id: the server's writer id (its rows' shards carry it too).
+        book: the open episodes, which each new file's snapshot holds.
+        sync: the writer's sync mode, ``"always"`` or ``"background"``.
+        sync_interval_s: how often ``"background"`` fsyncs.
+        max_bytes: the size past which the journal rolls to a new file.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        journal_id: str,
+        book: EpisodeBook,
+        sync: str,
+        sync_interval_s: float,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
+        self._book = book
+        self._always = sync == "always"
+        self._max_bytes = max_bytes
+        self.lock = threading.Lock()
+        self._lock_fd, self.directory = claim_log_dir(journal_root(root), journal_id)
+        self._fd = -1
+        self._number = 0
+        self._size = 0
+        self._dirty = False
+        self._roll()
+        self._stop = threading.Event()
+        self._syncer: threading.Thread | None = None
+        if not self._always:
+            self._syncer = threading.Thread(
+                target=self._sync_loop, args=(sync_interval_s,), daemon=True, name="rlpipe-journal"
+            )
+            self._syncer.start()
+
+    # --- what the server records ---------------------------------------------------------------
+
+    def start(self, episode: Episode) -> tuple[Episode, bool]:
+        """:meth:`EpisodeBook.start`, recorded when it opens the episode."""
+        with self.lock:
+            episode, created = self._book.start(episode)
+            if created:
+                self._write({"k": "start", "e": records.start_doc(episode)})
+        return episode, created
+
+    def withdraw(self, episode: Episode) -> None:
+        """:meth:`EpisodeBook.withdraw`, recorded (a replay withdraws it on the same terms)."""
+        self._book.withdraw(episode)
+        with self.lock:
+            self._write({"k": "drop", "id": episode.episode_id})
+
+    def add_returns(self, episode: Episode, returns: Returns) -> None:
+        """log_returns (the caller holds the episode's lock): recorded first, so that a
+        snapshot never holds it twice; one it refuses is refused again on replay."""
+        doc = [returns.rewards, returns.infos, returns.dones]
+        with self.lock:
+            self._write({"k": "returns", "id": episode.episode_id, "r": doc})
+            episode.add_returns(returns)
+
+    @contextmanager
+    def stepping(
+        self, requests: list[Request], actions: list[Any], logp: list[Any], version: int | None
+    ) -> Iterator[None]:
+        """Record a step pass before its rows are written; the body writes them and advances
+        the episodes, under the journal's lock."""
+        doc = {
+            "k": "pass",
+            "at": time.time(),
+            "q": [records.request_doc(request) for request in requests],
+            "a": actions,
+            "l": logp,
+            "v": version,
+        }
+        with self._intent(doc):
+            yield
+
+    @contextmanager
+    def closing(self, episode: Episode, reason: str) -> Iterator[None]:
+        """Record that an episode is closed, before its rows are written (as :meth:`stepping`)."""
+        doc = {"k": "close", "at": time.time(), "id": episode.episode_id, "why": reason}
+        with self._intent(doc):
+            yield
+
+    @contextmanager
+    def _intent(self, doc: dict[str, Any]) -> Iterator[None]:
+        with self.lock:
+            self._write(doc)
+            try:
+                yield
+            except BaseException:
+                self._write({"k": "abort"})  # the rows were refused: nothing of it holds
+                raise
+
+    # --- files -----------------------------------------------------------------------------------
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        line = records.dumps(doc)
+        if self._size + len(line) > self._max_bytes:
+            self._roll()
+        _write_all(self._fd, line)
+        self._size += len(line)
+        if self._always:
+            os.fsync(self._fd)
+        else:
+            self._dirty = True
+
+    def _roll(self) -> None:
+        """A new file that starts with every open episode; then the old one goes."""
+        self._number += 1
+        path = self.directory / f"journal-{self._number:08d}.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        snapshot = {
+            "k": "snapshot",
+            "episodes": [records.episode_doc(e) for e in self._book.all_open()],
+            "ended": self._book.recently_ended(REMEMBER_ENDED),
+        }
+        line = records.dumps(snapshot)
+        _write_all(fd, line)
+        os.fsync(fd)
+        fsync_path(self.directory)
+        old, self._fd, self._size, self._dirty = self._fd, fd, len(line), False
+        if old >= 0:
+            os.close(old)
+            (self.directory / f"journal-{self._number - 1:08d}.jsonl").unlink()
+
+    def _sync_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            with self.lock:
+                if not self._dirty or self._fd < 0:
+                    continue
+                fd, self._dirty = os.dup(self._fd), False  # fsync outside the lock
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def close(self, remove: bool) -> None:
+        """Stop; with ``remove`` (every episode closed) delete the journal, else leave it to
+        the next server to adopt. Safe to call twice."""
+        self._stop.set()
+        if self._syncer is not None:
+            self._syncer.join()
+        with self.lock:
+            if self._fd < 0:
+                return
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            if remove:
+                for path in journal_files(self.directory):
+                    path.unlink()
+            release_log_dir(self._lock_fd, self.directory, keep=not remove)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
