@@ -61,7 +61,7 @@ class Journal:
         book: the open episodes, which each new file's snapshot holds.
         sync: the writer's sync mode, ``"always"`` or ``"background"``.
         sync_interval_s: how often ``"background"`` fsyncs.
-        max_bytes: the size past which the journal rolls to a new file.
+        max_bytes: the size past which the journal rolls to a new file (default ``MAX_BYTES``).
     """
 
     def __init__(
@@ -71,11 +71,11 @@ class Journal:
         book: EpisodeBook,
         sync: str,
         sync_interval_s: float,
-        max_bytes: int = MAX_BYTES,
+        max_bytes: int | None = None,
     ) -> None:
         self._book = book
         self._always = sync == "always"
-        self._max_bytes = max_bytes
+        self._max_bytes = MAX_BYTES if max_bytes is None else max_bytes
         self.lock = threading.Lock()
         self._lock_fd, self.directory = claim_log_dir(journal_root(root), journal_id)
         self._fd = -1

@@ -183,10 +183,12 @@ def _landed(service: Any, writer_id: str, doc: dict[str, Any], done: Completion)
     """Whether the rows of the journal's last intent were written; if they were and its
     summaries were not (the kill came between the two), the summaries are written now."""
     root, since = service.writer.root, doc["at"] - _CLOCK_SLACK_S
+    who = (writer_id, doc["k"])
     if done.rows:
         episode_id, agent_id, t = done.rows[0][:3]
         key = {"episode_id": episode_id, "agent_id": agent_id, "t": t}
         if not _stored(root, layout.STEPS, writer_id, since, key):
+            _log.info("journal of %s: the rows of its last %s never landed; dropped", *who)
             return False
     missing = [
         summary
@@ -201,6 +203,11 @@ def _landed(service: Any, writer_id: str, doc: dict[str, Any], done: Completion)
     ]
     if missing:
         service.write_rows(recorder.columns_of([]), missing)
+    _log.info("journal of %s: its last %s stored its rows; replayed", *who)
+    if missing:
+        _log.info(
+            "journal of %s: %d summaries it had not stored written now", writer_id, len(missing)
+        )
     return True
 
 

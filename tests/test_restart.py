@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pandas as pd
+import pytest
 import requests
 from server_fixtures import ROOT, free_port
 
@@ -34,8 +35,9 @@ class Server:
     """``rlpipe serve`` on a fixed port and dataset, killed and started again at will (its
     stderr goes to a file: a pipe nobody reads would block a server that logs a lot)."""
 
-    def __init__(self, data: Path, log: Path, *extra: str) -> None:
+    def __init__(self, data: Path, log: Path, *extra: str, journal_bytes: int) -> None:
         self.data, self.port, self.log, self.extra = data, free_port(), log, extra
+        self.journal_bytes = journal_bytes
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -47,8 +49,9 @@ class Server:
         self.starts += 1
         with open(self.log, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipeline", "serve", "--data", str(self.data),
-                 "--env", "CartPole-v1", "--port", str(self.port), *self.extra],
+                [sys.executable, "-c", _SERVE, str(self.journal_bytes), "serve",
+                 "--data", str(self.data), "--env", "CartPole-v1", "--port", str(self.port),
+                 *self.extra],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
             )  # fmt: skip
         deadline = time.monotonic() + 60
@@ -72,9 +75,16 @@ class Server:
         self.start()
 
 
+# ``rlpipe serve`` with the journal's roll size set: small, so that the tests roll it often
+_SERVE = (
+    "import sys; import server.journal as j; j.MAX_BYTES = int(sys.argv[1]); "
+    "from pipeline.commands.cli import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
 @contextmanager
-def serving(tmp_path: Path, *extra: str) -> Iterator[Server]:
-    server = Server(tmp_path / "ds", tmp_path / "serve.log", *extra)
+def serving(tmp_path: Path, *extra: str, journal_bytes: int = 4 * 2**20) -> Iterator[Server]:
+    server = Server(tmp_path / "ds", tmp_path / "serve.log", *extra, journal_bytes=journal_bytes)
     server.start()
     try:
         yield server
@@ -178,9 +188,12 @@ def check_stored(data: Path, played: Played) -> None:
     assert stored == played.summaries
 
 
-def test_kill_between_calls(tmp_path: Path) -> None:
+@pytest.mark.parametrize("journal_bytes", [512, 4 * 2**20], ids=["rolling", "one-file"])
+def test_kill_between_calls(tmp_path: Path, journal_bytes: int) -> None:
+    """Clients mid-episode, each at its own ``t``; with a journal that rolls at almost every
+    record (each new file starting with a snapshot), or never."""
     played = Played()
-    with serving(tmp_path) as server:
+    with serving(tmp_path, journal_bytes=journal_bytes) as server:
         client = PolicyClient(server.address, "remote", timeout=TIMEOUT_S)
         walkers = [Walker(client, f"e{i}", seed=i) for i in range(4)]
         for k, walker in enumerate(walkers):
@@ -194,7 +207,10 @@ def test_kill_between_calls(tmp_path: Path) -> None:
     check_stored(server.data, played)
 
 
-def test_kill_while_requests_are_in_flight(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sync", "journal_bytes"), [("background", 16 * 2**10), ("always", 4 * 2**20)]
+)
+def test_kill_while_requests_are_in_flight(tmp_path: Path, sync: str, journal_bytes: int) -> None:
     """Clients play at full speed through three kills: a call the kill cut off is retried and
     gets the answer it was given before the kill, or is run afresh if it was not given one."""
     played, stop, failures = Played(), threading.Event(), []
@@ -215,7 +231,7 @@ def test_kill_while_requests_are_in_flight(tmp_path: Path) -> None:
         played.rows.extend(mine.rows)
         played.summaries.update(mine.summaries)
 
-    with serving(tmp_path) as server:
+    with serving(tmp_path, "--sync", sync, journal_bytes=journal_bytes) as server:
         threads = [threading.Thread(target=play, args=(n,)) for n in range(4)]
         for thread in threads:
             thread.start()
@@ -276,3 +292,55 @@ def test_local_inference_across_a_kill(tmp_path: Path) -> None:
                 pass
         assert client.close(60)
     check_stored(server.data, played)
+
+
+def _post(server: Server, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    answer = requests.post(f"http://{server.address}/v1{path}", json=body, timeout=30)
+    assert answer.ok, answer.text
+    doc: dict[str, Any] = answer.json()
+    return doc
+
+
+def _drop_last_append(server: Server, table: str) -> None:
+    """Remove the last append from the dead server's log of ``table``: the state a kill leaves
+    when it comes after the journal's record of a pass and before the pass's rows."""
+    (segment,) = (server.data / "_wal").glob(f"*/{table}-*.rows")
+    lines = segment.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 2  # the header, then one line per append
+    segment.write_bytes(b"".join(lines[:-1]))
+
+
+def test_a_pass_whose_rows_never_landed_runs_afresh_on_retry(tmp_path: Path) -> None:
+    observations = np.random.default_rng(0).uniform(-0.05, 0.05, (3, 4)).round(3).tolist()
+    with serving(tmp_path, "--commit-age", "600") as server:
+        _post(server, "/episodes", {"episode_id": "e"})
+        _post(server, "/episodes/e/actions", {"request": 1, "observation": observations[0]})
+        second = {"request": 2, "observation": observations[1], "reward": 1.0}
+        _post(server, "/episodes/e/actions", second)
+        server.kill()
+        _drop_last_append(server, "steps")  # request 2's row never landed
+        server.start()
+        _post(server, "/episodes/e/actions", second)  # its answer was lost: sent again
+        _post(server, "/episodes/e/end", {"request": 3, "observation": observations[2]})
+    steps = pd.read_parquet(server.data / "steps").sort_values("t")
+    assert steps["t"].tolist() == [0, 1]
+    assert np.stack(steps["next_observation"]).tolist() == np.float32(observations[1:]).tolist()
+    assert steps["reward"].tolist() == [1.0, 0.0]
+    assert "never landed" in server.log.read_text()
+
+
+def test_an_end_whose_summary_never_landed_is_completed(tmp_path: Path) -> None:
+    with serving(tmp_path, "--commit-age", "600") as server:
+        _post(server, "/episodes", {"episode_id": "e"})
+        _post(server, "/episodes/e/actions", {"request": 1, "observation": [0.0] * 4})
+        end = {"request": 2, "observation": [0.01] * 4, "reward": 2.0}
+        assert _post(server, "/episodes/e/end", end) == {"episode_id": "e", "ended": True}
+        server.kill()
+        _drop_last_append(server, "episodes")  # the step row landed, the summary did not
+        server.start()
+        assert _post(server, "/episodes/e/end", end) == {"episode_id": "e", "ended": True}
+    assert pd.read_parquet(server.data / "steps")["t"].tolist() == [0]
+    episodes = pd.read_parquet(server.data / "episodes")
+    assert episodes[["episode_id", "length", "return", "end_reason"]].values.tolist() == [
+        ["e", 1, 2.0, "terminated"]
+    ]
