@@ -16,10 +16,11 @@ journal makes them as durable as the rows: each server appends JSON lines
 Under ``--sync always`` each record is fsynced before the rows or the answer that depend on it;
 under ``background`` a thread fsyncs the journal every ``sync_interval_s``, as the writer does
 its log. When a file passes ``max_bytes`` the journal rolls: the new file starts with a
-snapshot of every open episode (and the answers of recently ended ones), is fsynced, and only
-then is the old one deleted. The directory is claimed under a ``flock`` like the writer's log
-(:func:`pipeline.dataset.wal.claim_log_dir`), so a server that finds the lock free knows its
-owner is dead and adopts its episodes. A clean shutdown closes every episode and removes it.
+snapshot of every open episode (and the answers of recently ended ones), and the old one is
+deleted once the new one is fsynced. The directory is claimed under a ``flock`` like the
+writer's log (:func:`pipeline.dataset.wal.claim_log_dir`), so a server that finds the lock free
+knows its owner is dead and adopts its episodes. A clean shutdown closes every episode and
+removes the journal.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Journal:
         self._number = 0
         self._size = 0
         self._dirty = False
+        self._retired: list[Path] = []  # rolled-over files, deleted once the new one is durable
         self._roll()
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
@@ -163,7 +165,9 @@ class Journal:
             self._dirty = True
 
     def _roll(self) -> None:
-        """A new file that starts with every open episode; then the old one goes."""
+        """A new file that starts with every open episode; the old one goes once the new one
+        is durable: at once under ``always``, after the next background fsync otherwise (a
+        pass does not wait for the disk)."""
         self._number += 1
         path = self.directory / f"journal-{self._number:08d}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
@@ -174,12 +178,21 @@ class Journal:
         }
         line = records.dumps(snapshot)
         _write_all(fd, line)
-        os.fsync(fd)
-        fsync_path(self.directory)
-        old, self._fd, self._size, self._dirty = self._fd, fd, len(line), False
+        old, self._fd, self._size, self._dirty = self._fd, fd, len(line), True
         if old >= 0:
             os.close(old)
-            (self.directory / f"journal-{self._number - 1:08d}.jsonl").unlink()
+            self._retired.append(self.directory / f"journal-{self._number - 1:08d}.jsonl")
+        if self._always:
+            self._sync(fd, self._retired)
+            self._retired, self._dirty = [], False
+
+    def _sync(self, fd: int, retired: list[Path]) -> None:
+        """fsync the current file; then the files it supersedes can go."""
+        os.fsync(fd)
+        if retired:
+            fsync_path(self.directory)  # the new file's name is durable before the old go
+            for path in retired:
+                path.unlink()
 
     def _sync_loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -187,8 +200,9 @@ class Journal:
                 if not self._dirty or self._fd < 0:
                     continue
                 fd, self._dirty = os.dup(self._fd), False  # fsync outside the lock
+                retired, self._retired = self._retired, []
             try:
-                os.fsync(fd)
+                self._sync(fd, retired)
             finally:
                 os.close(fd)
 
@@ -201,7 +215,7 @@ class Journal:
         with self.lock:
             if self._fd < 0:
                 return
-            os.fsync(self._fd)
+            self._sync(self._fd, self._retired)
             os.close(self._fd)
             self._fd = -1
             if remove:

@@ -207,6 +207,7 @@ def test_sigkill_loses_nothing_acknowledged_and_a_restart_continues(tmp_path: Pa
     stored = set(steps["episode_id"])
     assert {f"k{seq}" for seq in acknowledged} <= stored
     assert {"r", f"k{in_flight[0]}", "after"} <= stored
-    assert len(steps) == 20 * (len(acknowledged) + 2) + 2  # r: rows t=0, 1; t=2 was pending
+    # r: rows t=0, 1, and t=2, its pending step: carried across the kill, closed at the stop
+    assert len(steps) == 20 * (len(acknowledged) + 2) + 3
     assert not steps.duplicated(["episode_id", "agent_id", "t"]).any()
     assert retried["stored"]["steps"] in (0, 20)  # 0 when the lost answer's rows were stored
