@@ -83,8 +83,12 @@ _SERVE = (
 
 
 @contextmanager
-def serving(tmp_path: Path, *extra: str, journal_bytes: int = 4 * 2**20) -> Iterator[Server]:
-    server = Server(tmp_path / "ds", tmp_path / "serve.log", *extra, journal_bytes=journal_bytes)
+def serving(
+    tmp_path: Path, *extra: str, journal_bytes: int = 4 * 2**20, name: str = "serve"
+) -> Iterator[Server]:
+    """A server on ``tmp_path / "ds"`` (``name``: its log's name, for several on one dataset)."""
+    log = tmp_path / f"{name}.log"
+    server = Server(tmp_path / "ds", log, *extra, journal_bytes=journal_bytes)
     server.start()
     try:
         yield server
@@ -344,3 +348,24 @@ def test_an_end_whose_summary_never_landed_is_completed(tmp_path: Path) -> None:
     assert episodes[["episode_id", "length", "return", "end_reason"]].values.tolist() == [
         ["e", 1, 2.0, "terminated"]
     ]
+
+
+def test_servers_sharing_a_dataset_adopt_only_the_dead(tmp_path: Path) -> None:
+    """Two servers on one dataset, each with clients mid-episode: the one killed and restarted
+    takes back its own episodes, and never the live one's, whose clients go on undisturbed."""
+    played = Played()
+    with serving(tmp_path) as first, serving(tmp_path, name="second") as second:
+        clients = [PolicyClient(s.address, "remote", timeout=TIMEOUT_S) for s in (first, second)]
+        walkers = [
+            Walker(c, f"s{n}-{i}", seed=10 * n + i) for n, c in enumerate(clients) for i in range(2)
+        ]
+        for walker in walkers:
+            for _ in range(3):
+                assert not walker.step(played)
+        first.restart()
+        for walker in walkers:
+            while not walker.step(played):
+                pass
+        assert all(client.close() for client in clients)
+    check_stored(first.data, played)
+    assert "adopted" in first.log.read_text() and "adopted" not in second.log.read_text()
