@@ -369,3 +369,48 @@ def test_servers_sharing_a_dataset_adopt_only_the_dead(tmp_path: Path) -> None:
         assert all(client.close() for client in clients)
     check_stored(first.data, played)
     assert "adopted" in first.log.read_text() and "adopted" not in second.log.read_text()
+
+
+def test_adopted_episodes_are_reaped_when_idle_counting_from_the_restart(tmp_path: Path) -> None:
+    with serving(tmp_path, "--idle-timeout", "2") as server:
+        _post(server, "/episodes", {"episode_id": "idle"})
+        _post(server, "/episodes/idle/actions", {"request": 1, "observation": [0.0] * 4})
+        _post(server, "/episodes", {"episode_id": "busy"})
+        _post(server, "/episodes/busy/actions", {"request": 1, "observation": [0.0] * 4})
+        server.kill()
+        time.sleep(2.5)  # longer than the idle timeout: the timer starts again at adoption
+        server.start()
+        _post(server, "/episodes/busy/end", {"request": 2, "observation": [0.1] * 4})
+        health = f"http://{server.address}/v1/health"
+        deadline = time.monotonic() + 20
+        while (
+            requests.get(health, timeout=5).json()["open_episodes"] and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        assert requests.get(health, timeout=5).json()["open_episodes"] == 0
+    episodes = pd.read_parquet(server.data / "episodes").set_index("episode_id")
+    assert episodes["end_reason"].to_dict() == {"busy": "terminated", "idle": "closed"}
+    steps = pd.read_parquet(server.data / "steps").set_index("episode_id")
+    assert steps.loc["idle", "truncated"] and steps.loc["idle", "t"] == 0  # its pending step
+
+
+def test_a_vector_env_across_kills(tmp_path: Path) -> None:
+    """A vector env's batch requests (many episodes each) carry across two kills in flight."""
+    from gymnasium.vector import AutoresetMode
+    from test_vector import _check_log, _run
+
+    with serving(tmp_path) as server:
+        client = PolicyClient(server.address, "remote", timeout=TIMEOUT_S)
+        run: dict[str, Any] = {}
+        driver = threading.Thread(
+            target=lambda: run.update(_run(client, AutoresetMode.NEXT_STEP, 2000))
+        )
+        driver.start()
+        for _ in range(2):
+            time.sleep(1.0)
+            server.restart()
+            assert driver.is_alive()  # the kill came mid-run
+        driver.join()
+        assert client.close()
+    assert run, "the vector env did not finish"
+    _check_log(server.data, run)
