@@ -25,6 +25,7 @@ removes the journal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -80,9 +81,11 @@ class Journal:
         self.lock = threading.Lock()
         self._lock_fd, self.directory = claim_log_dir(journal_root(root), journal_id)
         self._fd = -1
+        self._path = self.directory
         self._number = 0
         self._size = 0
         self._dirty = False
+        self._broken = False  # a write failed part way: the next one rolls
         self._retired: list[Path] = []  # rolled-over files, deleted once the new one is durable
         self._roll()
         self._stop = threading.Event()
@@ -148,16 +151,26 @@ class Journal:
             try:
                 yield
             except BaseException:
-                self._write({"k": "abort"})  # the rows were refused: nothing of it holds
+                with contextlib.suppress(OSError):  # failed: the next write rolls past it
+                    self._write({"k": "abort"})  # the rows were refused: nothing of it holds
                 raise
 
     # --- files -----------------------------------------------------------------------------------
 
     def _write(self, doc: dict[str, Any]) -> None:
+        """Append one record. After a failed write (a full disk) the file may end in part of
+        a line, which only an end of file may hold: the next write rolls to a new file, whose
+        snapshot also supersedes an intent whose ``abort`` could not be written."""
         line = records.dumps(doc)
-        if self._size + len(line) > self._max_bytes:
+        if self._broken or self._size + len(line) > self._max_bytes:
+            self._broken = True
             self._roll()
-        _write_all(self._fd, line)
+            self._broken = False
+        try:
+            _write_all(self._fd, line)
+        except OSError:
+            self._broken = True
+            raise
         self._size += len(line)
         if self._always:
             os.fsync(self._fd)
@@ -177,11 +190,17 @@ class Journal:
             "ended": self._book.recently_ended(REMEMBER_ENDED),
         }
         line = records.dumps(snapshot)
-        _write_all(fd, line)
+        try:
+            _write_all(fd, line)
+        except BaseException:
+            os.close(fd)
+            path.unlink()
+            raise
         old, self._fd, self._size, self._dirty = self._fd, fd, len(line), True
         if old >= 0:
             os.close(old)
-            self._retired.append(self.directory / f"journal-{self._number - 1:08d}.jsonl")
+            self._retired.append(self._path)
+        self._path = path
         if self._always:
             self._sync(fd, self._retired)
             self._retired, self._dirty = [], False
