@@ -42,7 +42,7 @@ from server.episodes import EpisodeBook
 from server.stepper import Request
 
 MAX_BYTES = 4 * 2**20  # a restart replays at most this much (about a second)
-REMEMBER_ENDED = 4096  # ended episodes a snapshot keeps answers for (retries come in seconds)
+REMEMBER_ENDED = 1024  # ended episodes a snapshot keeps answers for (a retry comes in seconds)
 
 
 def journal_root(root: str) -> Path:
