@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +120,9 @@ class Journal:
             self._write({"k": "returns", "id": episode.episode_id, "r": doc})
             episode.add_returns(returns)
 
-    @contextmanager
     def stepping(
         self, requests: list[Request], actions: list[Any], logp: list[Any], version: int | None
-    ) -> Iterator[None]:
+    ) -> AbstractContextManager[None]:
         """Record a step pass before its rows are written; the body writes them and advances
         the episodes, under the journal's lock."""
         doc = {
@@ -134,15 +133,12 @@ class Journal:
             "l": logp,
             "v": version,
         }
-        with self._intent(doc):
-            yield
+        return self._intent(doc)
 
-    @contextmanager
-    def closing(self, episode: Episode, reason: str) -> Iterator[None]:
+    def closing(self, episode: Episode, reason: str) -> AbstractContextManager[None]:
         """Record that an episode is closed, before its rows are written (as :meth:`stepping`)."""
         doc = {"k": "close", "at": time.time(), "id": episode.episode_id, "why": reason}
-        with self._intent(doc):
-            yield
+        return self._intent(doc)
 
     @contextmanager
     def _intent(self, doc: dict[str, Any]) -> Iterator[None]:
