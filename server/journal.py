@@ -102,14 +102,20 @@ class Journal:
         """:meth:`EpisodeBook.start`, recorded when it opens the episode."""
         with self.lock:
             episode, created = self._book.start(episode)
-            if created:
+            if not created:
+                return episode, False
+            try:
                 self._write({"k": "start", "e": records.start_doc(episode)})
-        return episode, created
+                return episode, True
+            except OSError as error:
+                failed = error
+        self._book.withdraw(episode)  # not recorded, so not opened (outside the journal's lock)
+        raise failed
 
     def withdraw(self, episode: Episode) -> None:
         """:meth:`EpisodeBook.withdraw`, recorded (a replay withdraws it on the same terms)."""
         self._book.withdraw(episode)
-        with self.lock:
+        with self.lock, contextlib.suppress(OSError):  # then the next write's roll drops it
             self._write({"k": "drop", "id": episode.episode_id})
 
     def add_returns(self, episode: Episode, returns: Returns) -> None:
