@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import requests
-from server_fixtures import ROOT, free_port
+from server_fixtures import ROOT, free_port, metric
 
 from pipeline.client import PolicyClient
 
@@ -403,14 +403,25 @@ def test_a_vector_env_across_kills(tmp_path: Path) -> None:
         client = PolicyClient(server.address, "remote", timeout=TIMEOUT_S)
         run: dict[str, Any] = {}
         driver = threading.Thread(
-            target=lambda: run.update(_run(client, AutoresetMode.NEXT_STEP, 2000))
+            target=lambda: run.update(_run(client, AutoresetMode.NEXT_STEP, 3000))
         )
         driver.start()
         for _ in range(2):
-            time.sleep(1.0)
+            _wait_for_steps(server, 400)  # since it (re)started
+            assert driver.is_alive()  # the kill comes mid-run
             server.restart()
-            assert driver.is_alive()  # the kill came mid-run
         driver.join()
         assert client.close()
     assert run, "the vector env did not finish"
     _check_log(server.data, run)
+
+
+def _wait_for_steps(server: Server, n: int) -> None:
+    """Until the server has accepted ``n`` steps since it started."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = requests.get(f"http://{server.address}/v1/metrics", timeout=5).text
+        if (metric(text, "rlpipe_steps_accepted_total") or 0) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not accept {n} steps in 60 s")
