@@ -34,11 +34,13 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipeline.dataset import storage
 from pipeline.dataset.wal import claim_log_dir, fsync_path, release_log_dir
 from pipeline.format import layout
 from pipeline.recording.episode import Episode, Returns
 from server import records
 from server.episodes import EpisodeBook
+from server.errors import ApiError, storage_refused
 from server.stepper import Request
 
 MAX_BYTES = 4 * 2**20  # a restart replays at most this much (about a second)
@@ -64,6 +66,8 @@ class Journal:
         sync: the writer's sync mode, ``"always"`` or ``"background"``.
         sync_interval_s: how often ``"background"`` fsyncs.
         max_bytes: the size past which the journal rolls to a new file (default ``MAX_BYTES``).
+        disk: the writer's record of disk refusals; a write the disk refuses is answered 503
+            with ``retry_after_s``, as a refused row is.
     """
 
     def __init__(
@@ -74,8 +78,12 @@ class Journal:
         sync: str,
         sync_interval_s: float,
         max_bytes: int | None = None,
+        disk: storage.Disk | None = None,
+        retry_after_s: int = 1,
     ) -> None:
         self._book = book
+        self._disk = disk or storage.Disk()
+        self._retry_after = retry_after_s
         self._always = sync == "always"
         self._max_bytes = MAX_BYTES if max_bytes is None else max_bytes
         self.lock = threading.Lock()
@@ -107,7 +115,7 @@ class Journal:
             try:
                 self._write({"k": "start", "e": records.start_doc(episode)})
                 return episode, True
-            except OSError as error:
+            except ApiError as error:
                 failed = error
         self._book.withdraw(episode)  # not recorded, so not opened (outside the journal's lock)
         raise failed
@@ -115,7 +123,7 @@ class Journal:
     def withdraw(self, episode: Episode) -> None:
         """:meth:`EpisodeBook.withdraw`, recorded (a replay withdraws it on the same terms)."""
         self._book.withdraw(episode)
-        with self.lock, contextlib.suppress(OSError):  # then the next write's roll drops it
+        with self.lock, contextlib.suppress(ApiError):  # then the next write's roll drops it
             self._write({"k": "drop", "id": episode.episode_id})
 
     def add_returns(self, episode: Episode, returns: Returns) -> None:
@@ -153,7 +161,7 @@ class Journal:
             try:
                 yield
             except BaseException:
-                with contextlib.suppress(OSError):  # failed: the next write rolls past it
+                with contextlib.suppress(ApiError):  # failed: the next write rolls past it
                     self._write({"k": "abort"})  # the rows were refused: nothing of it holds
                 raise
 
@@ -164,20 +172,20 @@ class Journal:
         a line, which only an end of file may hold: the next write rolls to a new file, whose
         snapshot also supersedes an intent whose ``abort`` could not be written."""
         line = records.dumps(doc)
-        if self._broken or self._size + len(line) > self._max_bytes:
-            self._broken = True
-            self._roll()
-            self._broken = False
         try:
+            if self._broken or self._size + len(line) > self._max_bytes:
+                self._broken = True
+                self._roll()
+                self._broken = False
             _write_all(self._fd, line)
-        except OSError:
+            self._size += len(line)
+            if self._always:
+                os.fsync(self._fd)
+        except OSError as error:  # a full disk: 503, as for a refused row
             self._broken = True
-            raise
-        self._size += len(line)
-        if self._always:
-            os.fsync(self._fd)
-        else:
-            self._dirty = True
+            refused = self._disk.refused(storage.APPENDS, error, self.directory)
+            raise storage_refused(refused, self._retry_after) from error
+        self._dirty = not self._always
 
     def _roll(self) -> None:
         """A new file that starts with every open episode; the old one goes once the new one

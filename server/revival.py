@@ -61,7 +61,13 @@ def open_journal(service: Any) -> Journal:
             os.close(fd)
     writer = service.config.writer
     journal = Journal(
-        root, service.writer.writer_id, service.episodes, writer.sync, writer.sync_interval_s
+        root,
+        service.writer.writer_id,
+        service.episodes,
+        writer.sync,
+        writer.sync_interval_s,
+        disk=service.writer.disk,
+        retry_after_s=service.config.retry_after_s,
     )
     for fd, directory in adopted:  # only now: the episodes are in this server's journal
         for path in journal_files(directory):
