@@ -114,3 +114,25 @@ def make_dataset(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return make
+
+
+def play_client(client: Any, episodes: int, seed: int) -> list[int]:
+    """CartPole episodes played through a PolicyClient (the one way the client tests play,
+    in any mode); each episode's length."""
+    env = gym.make("CartPole-v1")
+    lengths = []
+    for n in range(episodes):
+        episode_id = client.start_episode(seed=seed + n, options={"n": n})
+        observation, _ = env.reset(seed=seed + n)
+        t = 0
+        while True:
+            action = client.get_action(episode_id, observation)
+            observation, reward, terminated, truncated, _ = env.step(action)
+            client.log_returns(episode_id, reward, info={"t": t})
+            t += 1
+            if terminated or truncated:
+                client.end_episode(episode_id, observation, truncated=truncated)
+                break
+        lengths.append(t)
+    env.close()
+    return lengths

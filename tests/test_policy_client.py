@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import play_client
 from server_fixtures import cartpole_config, free_port, kill, running_server, start_serve_process
 
 from pipeline.client import (
@@ -32,33 +33,12 @@ def _read(data: Path, table: str = "steps") -> pd.DataFrame:
     return pd.read_parquet(data / table)
 
 
-def _play(client: PolicyClient, episodes: int, seed: int) -> list[int]:
-    """Play CartPole through the client; returns each episode's length."""
-    env = gym.make("CartPole-v1")
-    lengths = []
-    for n in range(episodes):
-        episode_id = client.start_episode(seed=seed + n, options={"n": n})
-        observation, _ = env.reset(seed=seed + n)
-        t = 0
-        while True:
-            action = client.get_action(episode_id, observation)
-            observation, reward, terminated, truncated, _ = env.step(action)
-            client.log_returns(episode_id, reward, info={"t": t})
-            t += 1
-            if terminated or truncated:
-                client.end_episode(episode_id, observation, truncated=truncated)
-                break
-        lengths.append(t)
-    env.close()
-    return lengths
-
-
 @pytest.mark.parametrize("mode", ["remote", "local"])
 def test_cartpole_episodes_land_once_each_step(tmp_path: Path, mode: str) -> None:
     data = tmp_path / "ds"
     with running_server(cartpole_config(data)) as server:
         client = PolicyClient(server.url, inference_mode=mode, spool_dir=tmp_path / "spool")
-        lengths = _play(client, 3, seed=7)
+        lengths = play_client(client, 3, seed=7)
         assert client.close()
     steps, episodes = _read(data), _read(data, "episodes")
     assert len(steps) == sum(lengths)
@@ -112,7 +92,7 @@ def test_a_start_the_server_would_refuse_is_refused_at_the_call_in_both_modes(
         client = PolicyClient(server.url, inference_mode=mode, spool_dir=tmp_path / "spool")
         with pytest.raises(SchemaError, match=f"field '{field}': expected"):
             client.start_episode(**given)
-        _play(client, 1, seed=0)
+        play_client(client, 1, seed=0)
         assert client.close()
     assert len(_read(data, "episodes")) == 1  # the episode played after, and nothing else
 
@@ -124,7 +104,7 @@ def test_a_default_spool_is_removed_once_everything_is_delivered(
         client = PolicyClient(server.url)
         spool = client.spool_dir
         assert spool is not None and spool.is_dir()
-        assert _play(client, 1, seed=0)
+        assert play_client(client, 1, seed=0)
         assert client.close() and not spool.exists()
         stranded = PolicyClient(server.url, timeout=0.5)
     episode_id = stranded.start_episode()
@@ -213,11 +193,11 @@ def test_server_down_client_spools_then_every_step_arrives_once(tmp_path: Path) 
     client = PolicyClient(f"127.0.0.1:{port}", spool_dir=tmp_path / "spool",
                           upload_interval_s=0.05, update_interval=None)  # fmt: skip
     try:
-        lengths = _play(client, 2, seed=1)
+        lengths = play_client(client, 2, seed=1)
         assert client.flush(10)
         kill(process)
         started = time.monotonic()
-        lengths += _play(client, 3, seed=3)  # never blocks on the dead server
+        lengths += play_client(client, 3, seed=3)  # never blocks on the dead server
         assert time.monotonic() - started < 2
         time.sleep(0.2)
         assert list((tmp_path / "spool").glob("*.arrows"))  # waiting on disk
@@ -241,7 +221,7 @@ def test_local_mode_pulls_weights_and_records_their_version(tmp_path: Path) -> N
     cartpole_checkpoint(data / "checkpoints", 3)
     with running_server(cartpole_config(data)) as server:
         client = PolicyClient(server.url, spool_dir=tmp_path / "spool", update_interval=None)
-        lengths = _play(client, 1, seed=0)
+        lengths = play_client(client, 1, seed=0)
         client.update_policy_weights()  # 304: unchanged
         assert client.close()
     steps = pd.read_parquet(data / "steps")

@@ -196,19 +196,7 @@ def check_stored(data: Path, played: Played) -> None:
 def test_kill_between_calls(tmp_path: Path, journal_bytes: int) -> None:
     """Clients mid-episode, each at its own ``t``; with a journal that rolls at almost every
     record (each new file starting with a snapshot), or never."""
-    played = Played()
-    with serving(tmp_path, journal_bytes=journal_bytes) as server:
-        client = PolicyClient(server.address, "remote", timeout=TIMEOUT_S)
-        walkers = [Walker(client, f"e{i}", seed=i) for i in range(4)]
-        for k, walker in enumerate(walkers):
-            for _ in range(k + 1):  # each mid-episode, at its own t
-                assert not walker.step(played)
-        server.restart()
-        for walker in walkers:
-            while not walker.step(played):
-                pass
-        assert client.close()
-    check_stored(server.data, played)
+    _walk_across_a_kill(tmp_path, journal_bytes, "e", seeds=range(4))
 
 
 @pytest.mark.parametrize(
@@ -253,12 +241,26 @@ def test_kill_while_requests_are_in_flight(tmp_path: Path, sync: str, journal_by
 
 
 def test_multiagent_kill_between_calls(tmp_path: Path) -> None:
+    _walk_across_a_kill(tmp_path, 4 * 2**20, "m", seeds=range(0, 30, 10), agents=("a", "b", "c"))
+
+
+def _walk_across_a_kill(
+    tmp_path: Path,
+    journal_bytes: int,
+    prefix: str,
+    seeds: range,
+    agents: tuple[str, ...] = (),
+) -> None:
+    """Episodes each mid-way, at its own ``t``, across a kill -9 and restart, then played to
+    their ends: the stored rows are those played."""
     played = Played()
-    with serving(tmp_path) as server:
+    with serving(tmp_path, journal_bytes=journal_bytes) as server:
         client = PolicyClient(server.address, "remote", timeout=TIMEOUT_S)
-        walkers = [Walker(client, f"m{i}", seed=10 * i, agents=("a", "b", "c")) for i in range(3)]
+        walkers = [
+            Walker(client, f"{prefix}{i}", seed=seed, agents=agents) for i, seed in enumerate(seeds)
+        ]
         for k, walker in enumerate(walkers):
-            for _ in range(k + 2):
+            for _ in range(k + 1):
                 assert not walker.step(played)
         server.restart()
         for walker in walkers:

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import gymnasium as gym
 import pandas as pd
 import pytest
 import requests
 import trustme
+from conftest import play_client
 from server_fixtures import cartpole_config, running_server
 
 from pipeline.client import PolicyClient, Unauthorized
@@ -87,25 +87,6 @@ def tls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     _stop(served)
 
 
-def _play(client: PolicyClient, episodes: int, seed: int) -> int:
-    """CartPole episodes through the client; the number of steps."""
-    env = gym.make("CartPole-v1")
-    steps = 0
-    for n in range(episodes):
-        episode_id = client.start_episode()
-        observation, _ = env.reset(seed=seed + n)
-        while True:
-            action = client.get_action(episode_id, observation)
-            observation, reward, terminated, truncated, _ = env.step(action)
-            client.log_returns(episode_id, reward)
-            steps += 1
-            if terminated or truncated:
-                client.end_episode(episode_id, observation, truncated=truncated)
-                break
-    env.close()
-    return steps
-
-
 def test_remote_and_local_clients_play_over_https(pki: Pki, tmp_path: Path) -> None:
     """A client that trusts the server's CA plays in both modes; local mode's uploads and
     weight pulls take the same verified connection."""
@@ -113,11 +94,11 @@ def test_remote_and_local_clients_play_over_https(pki: Pki, tmp_path: Path) -> N
     try:
         assert served.url.startswith("https://127.0.0.1:")
         remote = PolicyClient(served.url, "remote", token=TOKEN, verify=pki.ca)
-        remote_steps = _play(remote, 2, seed=0)
+        remote_steps = sum(play_client(remote, 2, seed=0))
         assert remote.close()
         local = PolicyClient(served.url, "local", token=TOKEN, verify=str(pki.ca),
                              spool_dir=tmp_path / "spool", upload_interval_s=0.05)  # fmt: skip
-        local_steps = _play(local, 2, seed=10)
+        local_steps = sum(play_client(local, 2, seed=10))
         assert local.close()
     finally:
         _stop(served)
