@@ -126,7 +126,8 @@ def complete(steps: Steps) -> Completion:
             reward = reward_sum(state.reward, steps.rewards[i], state.episode_return, agent_id)
             info = steps.infos[i] if steps.infos is not None else None
             ended = end == TERMINATED or flagged, end == TRUNCATED and not flagged
-            _add(done, episode, agent_id, state, reward, steps.observation(i), info, *ended)
+            observation = steps.observation(i)
+            _add(done, episode, agent_id, state, state.pending, reward, observation, info, *ended)
         if end is None and not flagged:
             done.acting.append(i)
     if steps.returns or ends:
@@ -219,15 +220,15 @@ def _add(
     episode: Episode,
     agent_id: str,
     state: AgentState,
+    pending: Pending,
     reward: float,
     next_observation: Any,
     info: Any,
     terminated: bool,
     truncated: bool,
 ) -> None:
-    """The row of ``state``'s pending step, ended at ``next_observation``."""
-    pending = state.pending
-    assert pending is not None  # the callers' check: only a pending step completes
+    """The row of ``state``'s ``pending`` step (the callers found one), ended at
+    ``next_observation``."""
     done.rows.append(
         (
             episode.episode_id,
@@ -290,7 +291,7 @@ def _close_rows(
         terminated = state.terminated or returns.dones.get(agent_id, False)
         reward, info = sums.get(agent_id, state.reward), returns.infos.get(agent_id)
         ended = terminated, not terminated
-        _add(done, episode, agent_id, state, reward, pending.observation, info, *ended)
+        _add(done, episode, agent_id, state, pending, reward, pending.observation, info, *ended)
 
 
 def _observed(steps: Steps) -> dict[str, frozenset[str]]:
