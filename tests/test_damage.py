@@ -48,9 +48,16 @@ def _episode(number: int) -> dict[str, Any]:
 
 def _summary(number: int) -> dict[str, Any]:
     start = datetime(2026, 11, 25, tzinfo=UTC)
-    return {"episode_id": f"e{number}", "agent_id": "agent0", "client_id": "", "started_at": start,
-            "ended_at": start + timedelta(seconds=1), "length": LENGTH, "return": float(LENGTH),
-            "end_reason": "terminated"}  # fmt: skip
+    return {
+        "episode_id": f"e{number}",
+        "agent_id": "agent0",
+        "client_id": "",
+        "started_at": start,
+        "ended_at": start + timedelta(seconds=1),
+        "length": LENGTH,
+        "return": float(LENGTH),
+        "end_reason": "terminated",
+    }
 
 
 def _dataset(path: Path) -> Path:
@@ -88,8 +95,12 @@ def _inspect(path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run(
         [sys.executable, "-m", "pipeline", "inspect", str(path), *options],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 def _shards(path: Path) -> list[Path]:

@@ -49,11 +49,24 @@ class Server:
         self.starts += 1
         with open(self.log, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _SERVE, str(self.journal_bytes), "serve",
-                 "--data", str(self.data), "--env", "CartPole-v1", "--port", str(self.port),
-                 *self.extra],
-                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-c",
+                    _SERVE,
+                    str(self.journal_bytes),
+                    "serve",
+                    "--data",
+                    str(self.data),
+                    "--env",
+                    "CartPole-v1",
+                    "--port",
+                    str(self.port),
+                    *self.extra,
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

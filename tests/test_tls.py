@@ -96,8 +96,14 @@ def test_remote_and_local_clients_play_over_https(pki: Pki, tmp_path: Path) -> N
         remote = PolicyClient(served.url, "remote", token=TOKEN, verify=pki.ca)
         remote_steps = sum(play_client(remote, 2, seed=0))
         assert remote.close()
-        local = PolicyClient(served.url, "local", token=TOKEN, verify=str(pki.ca),
-                             spool_dir=tmp_path / "spool", upload_interval_s=0.05)  # fmt: skip
+        local = PolicyClient(
+            served.url,
+            "local",
+            token=TOKEN,
+            verify=str(pki.ca),
+            spool_dir=tmp_path / "spool",
+            upload_interval_s=0.05,
+        )
         local_steps = sum(play_client(local, 2, seed=10))
         assert local.close()
     finally:
@@ -129,20 +135,26 @@ def test_a_certificate_from_another_ca_is_refused_at_once(
     )
     started = time.monotonic()
     with pytest.raises(ServerError, match=refused):
-        client = PolicyClient(tls_server.url, mode, token=TOKEN, verify=pki.other_ca,
-                              spool_dir=tmp_path / "spool", timeout=30)  # fmt: skip
+        client = PolicyClient(
+            tls_server.url,
+            mode,
+            token=TOKEN,
+            verify=pki.other_ca,
+            spool_dir=tmp_path / "spool",
+            timeout=30,
+        )
         client.start_episode()
     assert time.monotonic() - started < 5  # well inside the 30 s timeout: not retried
 
 
 def test_a_requests_session_verifies_against_the_ca_given(pki: Pki, tls_server: Served) -> None:
     with requests.Session() as session:
-        client = PolicyClient(tls_server.url, "remote", session=session, token=TOKEN,
-                              verify=pki.ca)  # fmt: skip
+        client = PolicyClient(tls_server.url, "remote", session=session, token=TOKEN, verify=pki.ca)
         client.end_episode(client.start_episode(), [0.0, 0.0, 0.0, 0.0])
         assert client.close()
-        client = PolicyClient(tls_server.url, "remote", session=session, token=TOKEN,
-                              verify=pki.other_ca, timeout=30)  # fmt: skip
+        client = PolicyClient(
+            tls_server.url, "remote", session=session, token=TOKEN, verify=pki.other_ca, timeout=30
+        )
         started = time.monotonic()
         with pytest.raises(ServerError, match="certificate was refused"):
             client.start_episode()
@@ -268,9 +280,13 @@ def test_serve_refuses_tls_files_it_cannot_use(
         serialization.BestAvailableEncryption(b"password"),
     )
     (tmp_path / "encrypted_key.pem").write_bytes(encrypted)
-    names = {"cert": str(pki.cert), "key": str(pki.key), "tmp": str(tmp_path),
-             "other_key": str(tmp_path / "other_key.pem"),
-             "encrypted_key": str(tmp_path / "encrypted_key.pem")}  # fmt: skip
+    names = {
+        "cert": str(pki.cert),
+        "key": str(pki.key),
+        "tmp": str(tmp_path),
+        "other_key": str(tmp_path / "other_key.pem"),
+        "encrypted_key": str(tmp_path / "encrypted_key.pem"),
+    }
     argv = ["serve", "--data", str(tmp_path / "ds"), "--env", "CartPole-v1"]
     for flag, name in zip(("--tls-cert", "--tls-key"), files, strict=True):
         if name is not None:

@@ -39,8 +39,18 @@ SMALL = ["--hidden", "16,16", "--eval-episodes", "1"]
 
 
 def _start(data: Path, run_dir: Path, *flags: str) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "pipeline", "train", *flags, "--data", str(data),
-               "--run-dir", str(run_dir), *SMALL]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "train",
+        *flags,
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "error"}
     with (run_dir.parent / f"{run_dir.name}-stderr.txt").open("ab") as log:
         return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env=env)
@@ -150,10 +160,15 @@ def _kill_and_resume(tmp_path: Path, algorithm: str, *flags: str) -> dict[str, A
             thread.join()
     _finish(second, run_dir)
     assert killed is not None
-    return {"killed": killed, "published": published, "logged": logged,
-            "shards": _shard_rows(data),
-            "final": _progress(run_dir), "reads": _lines(run_dir, "reads.jsonl"),
-            "metrics": _lines(run_dir, "metrics.jsonl")}  # fmt: skip
+    return {
+        "killed": killed,
+        "published": published,
+        "logged": logged,
+        "shards": _shard_rows(data),
+        "final": _progress(run_dir),
+        "reads": _lines(run_dir, "reads.jsonl"),
+        "metrics": _lines(run_dir, "metrics.jsonl"),
+    }
 
 
 def _check_each_row_read_once(run: dict[str, Any]) -> None:

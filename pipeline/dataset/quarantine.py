@@ -138,8 +138,12 @@ def shard_loss(path: str, table: str) -> dict[str, Any]:
     try:
         file = pq.ParquetFile(path, page_checksum_verification=True)
     except READ_ERRORS:
-        return {"rows": None, "episodes": [], "unknown": "the footer cannot be read: which rows "
-                "and how many cannot be known from this file"}  # fmt: skip
+        return {
+            "rows": None,
+            "episodes": [],
+            "unknown": "the footer cannot be read: which rows "
+            "and how many cannot be known from this file",
+        }
     episodes: list[dict[str, Any]] = []
     unknown = []
     for index in range(file.num_row_groups):
@@ -227,9 +231,13 @@ def _repair_manifest(root: str, quarantine: Quarantine) -> Manifest:
     quarantine.move(
         Path(root) / layout.MANIFEST,
         problem,
-        {"rows": 0, "episodes": [], "unknown": "no rows: the manifest was rebuilt from the "
-         "spaces the step shards record; env_id and created_at are not in them (null, now)"},
-    )  # fmt: skip
+        {
+            "rows": 0,
+            "episodes": [],
+            "unknown": "no rows: the manifest was rebuilt from the "
+            "spaces the step shards record; env_id and created_at are not in them (null, now)",
+        },
+    )
     return open_manifest(root, rebuilt.observation_space, rebuilt.action_space, rebuilt.env_id)
 
 
