@@ -25,7 +25,9 @@ The rules (``docs/protocol.md``, "What a step row holds") are here, with the sta
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -113,18 +115,16 @@ def complete(steps: Steps) -> Completion:
     """The rows ``steps`` complete, the rows that act and the summaries of the episodes that
     end, with every agent's state unchanged (a SchemaError for a non-finite reward sum)."""
     done = Completion()
-    ends = steps.ends
+    ends, dones, infos, rewards = steps.ends, steps.dones, steps.infos, steps.rewards
     for i, (episode, agent_id) in enumerate(zip(steps.episodes, steps.agent_ids, strict=True)):
         state = episode.agents.get(agent_id)
         end = ends.get(episode.episode_id) if ends else None
-        flagged = (steps.dones is not None and steps.dones[i]) or (
-            state is not None and state.terminated
-        )
+        flagged = (dones is not None and dones[i]) or (state is not None and state.terminated)
         if state is None or state.pending is None:
-            unattributed(episode.episode_id, agent_id, steps.rewards[i])
+            unattributed(episode.episode_id, agent_id, rewards[i])
         else:
-            reward = reward_sum(state.reward, steps.rewards[i], state.episode_return, agent_id)
-            info = steps.infos[i] if steps.infos is not None else None
+            reward = reward_sum(state.reward, rewards[i], state.episode_return, agent_id)
+            info = infos[i] if infos is not None else None
             ended = end == TERMINATED or flagged, end == TRUNCATED and not flagged
             observation = steps.observation(i)
             _add(done, episode, agent_id, state, state.pending, reward, observation, info, *ended)
@@ -166,8 +166,8 @@ def commit(
     for episode in steps.touched or steps.episodes:
         episode.last_seen = now
     if steps.returns:
-        observed = _observed(steps)
-        for episode in _episodes(steps):
+        observed = _observed(steps, steps.returns.keys())
+        for episode in _episodes(steps, steps.returns.keys()):
             returns = steps.returns.get(episode.episode_id)
             if returns is not None:
                 returns.apply(episode, observed.get(episode.episode_id, frozenset()))
@@ -253,8 +253,9 @@ def _add(
 def _unobserved(steps: Steps, done: Completion) -> None:
     """What calls carry for agents they do not observe (reward sums, checked now and set at
     commit), the rows of the agents an end cuts off, and the summaries of ending episodes."""
-    observed = _observed(steps)
-    for episode in _episodes(steps):
+    named = steps.ends.keys() | steps.returns.keys()  # the episodes with anything to do here
+    observed = _observed(steps, named)
+    for episode in _episodes(steps, named):
         returns = steps.returns.get(episode.episode_id)
         mine = observed.get(episode.episode_id, frozenset())
         sums = returns.sums(episode, mine) if returns is not None else {}
@@ -269,10 +270,13 @@ def _unobserved(steps: Steps, done: Completion) -> None:
         done.summaries += summary_rows(episode, reason, done, mine)
 
 
-def _episodes(steps: Steps) -> list[Episode]:
-    """Every episode of the calls, each once, in order."""
-    found = {id(e): e for e in steps.episodes}
-    found.update((id(e), e) for e in steps.touched)
+def _episodes(steps: Steps, named: Set[str]) -> list[Episode]:
+    """The episodes of the calls whose ids are ``named``, each once, in order (a pass names a
+    few of its many episodes: the test is all the others cost)."""
+    found: dict[int, Episode] = {}
+    for episode in itertools.chain(steps.episodes, steps.touched):
+        if episode.episode_id in named:
+            found.setdefault(id(episode), episode)
     return list(found.values())
 
 
@@ -294,9 +298,10 @@ def _close_rows(
         _add(done, episode, agent_id, state, pending, reward, pending.observation, info, *ended)
 
 
-def _observed(steps: Steps) -> dict[str, frozenset[str]]:
-    """The agents each episode's rows observe."""
+def _observed(steps: Steps, named: Set[str]) -> dict[str, frozenset[str]]:
+    """The agents each ``named`` episode's rows observe."""
     found: dict[str, set[str]] = {}
     for episode, agent_id in zip(steps.episodes, steps.agent_ids, strict=True):
-        found.setdefault(episode.episode_id, set()).add(agent_id)
+        if episode.episode_id in named:
+            found.setdefault(episode.episode_id, set()).add(agent_id)
     return {episode_id: frozenset(agents) for episode_id, agents in found.items()}
