@@ -42,6 +42,17 @@ _VERSION_HEADER = {
 }
 _TEXT = {"schema": {"type": "string"}}
 _BINARY = {"type": "string", "format": "binary"}
+_ROUTE = {
+    "name": "X-Rlpipe-Route",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1},
+    "description": "the route key an HTTP load balancer hashes to keep an episode on one of "
+    "several servers of a dataset (docs/deploy.md); the server does not read it. An "
+    "episode's key (its percent-encoded episode_id, or the client's id for the episodes of "
+    "a vector client's batches) on its start and every request of it; the client's id on "
+    "uploads (X-Rlpipe-Client: the server that stored an upload recognises its retry)",
+}
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
 
 
@@ -131,13 +142,14 @@ def _paths() -> dict[str, Any]:
         summary, body, answer, statuses = _OPERATIONS[route.endpoint]
         path = routes.template(route.rule)
         paths[path] = {"post": _op(summary, _json(body), _json(answer), statuses)}
+        paths[path]["post"]["parameters"] = [_ROUTE]
         if "{episode_id}" in path:
             paths[path]["parameters"] = [
                 {"name": "episode_id", "in": "path", "required": True, "schema": ID}
             ]
     upload = paths["/v1/uploads"]["post"]
     upload["requestBody"]["content"][_ARROW] = {"schema": _BINARY}
-    upload["parameters"] = _upload_headers()
+    upload["parameters"] = [*_upload_headers(), _ROUTE]
     return {
         **paths,
         "/v1/weights": {"get": _weights()},

@@ -18,7 +18,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,11 @@ import requests
 from pipeline.client import vector
 from pipeline.client.local import LocalInference, RowBuffer
 from pipeline.client.remote import RemoteInference
+from pipeline.client.servers import Servers, route_headers
 from pipeline.client.spool import Spool, Uploader
 from pipeline.client.transport import (
     ARROW_TYPE,
     AgentIds,
-    Http,
     Verify,
     jsonable,
     parse_spaces,
@@ -58,7 +58,10 @@ class PolicyClient:
 
     Args:
         address: ``"host:port"`` or a URL such as ``"http://host:9900"``; ``"https://..."``
-            for a server run with ``--tls-cert``.
+            for a server run with ``--tls-cert``. Several servers of one dataset as a list or a
+            comma-separated string: each episode goes to one of them, by its id, and the
+            uploads of local mode and the batches of :meth:`step_many` by the client's id
+            (:mod:`pipeline.client.servers`; ``docs/deploy.md``).
         inference_mode: ``"local"`` (act here, upload batches) or ``"remote"`` (server acts).
         update_interval: seconds between weight pulls in local mode; None pulls only on
             :meth:`update_policy_weights`.
@@ -81,7 +84,7 @@ class PolicyClient:
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         inference_mode: str = "local",
         update_interval: float | None = 10.0,
         session: requests.Session | None = None,
@@ -101,7 +104,7 @@ class PolicyClient:
         self.inference_mode = inference_mode
         self.update_interval = update_interval
         self.client_id = secrets.token_hex(8)
-        self._http = Http(address, session, timeout, token, verify)
+        self._servers = Servers(address, session, timeout, token, verify)
         self._spaces: tuple[gym.Space[Any], gym.Space[Any], str | None] | None = None
         self._agent_ids: dict[str, AgentIds] = {}  # per multi-agent episode
         self._episode_numbers = itertools.count()
@@ -115,7 +118,7 @@ class PolicyClient:
         if inference_mode == "local":
             self._start_local(spool_dir, upload_rows, upload_interval_s, seed)
         else:
-            self._remote = RemoteInference(self._http, self.client_id, lambda: self._space()[1])
+            self._remote = RemoteInference(self._servers, self.client_id, lambda: self._space()[1])
             self._inference = self._remote
 
     # --- RLlib's verbs --------------------------------------------------------------------
@@ -211,7 +214,7 @@ class PolicyClient:
         version = local.policy.version if local.policy is not None else None
         params = {"version": version} if version is not None else {}
         try:
-            response = self._http.call("GET", "/v1/weights", params=params)
+            response = self._servers.first(self.client_id, "/v1/weights", params)
         except EpisodeError as error:  # 404: nothing published yet, keep acting at random
             if error.status == 404:
                 return
@@ -240,7 +243,7 @@ class PolicyClient:
         delivered = self._inference.close_all()
         if self._uploader is not None:
             delivered = self._uploader.close(timeout_s)
-        self._http.close()
+        self._servers.close()
         if self._own_spool is not None and delivered:
             shutil.rmtree(self._own_spool, ignore_errors=True)
         elif self._own_spool is not None:  # kept: it holds what the server does not have yet
@@ -298,14 +301,16 @@ class PolicyClient:
             self._uploader.wake()
 
     def _send(self, client_id: str, seq: int, table: str, body: bytes) -> float | None:
-        headers = {
+        headers = {  # routed by the client's id: the server that stored a batch knows a retry
+            **route_headers(client_id),
             "Content-Type": ARROW_TYPE,
             "X-Rlpipe-Client": client_id,
             "X-Rlpipe-Upload": str(seq),
             "X-Rlpipe-Table": table,
         }
         try:
-            self._http.call("POST", "/v1/uploads", patience_s=0, data=body, headers=headers)
+            http = self._servers.pick(client_id)
+            http.call("POST", "/v1/uploads", patience_s=0, data=body, headers=headers)
         except ServerUnavailable as error:
             return error.retry_after
         return None
@@ -331,7 +336,7 @@ class PolicyClient:
             return self._spaces
         cache = None if self.spool_dir is None else self.spool_dir / "spaces.json"
         try:
-            doc = self._http.call("GET", "/v1/spaces").json()
+            doc = self._servers.first(self.client_id, "/v1/spaces").json()
             if cache is not None:
                 cache.write_text(json.dumps(doc))
         except ServerUnavailable:

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import gymnasium as gym
 import numpy as np
 
+from pipeline.client.servers import Servers, route_headers
 from pipeline.client.transport import Http, jsonable
 from pipeline.errors import EpisodeError, ServerError
 from pipeline.format import layout
@@ -26,9 +27,11 @@ _E = TypeVar("_E")
 
 
 class RemoteEpisode:
-    """What rides on the next request: rewards, infos and done flags logged since the last."""
+    """What rides on the next request: rewards, infos and done flags logged since the last;
+    and the server that holds the episode, with the route key its requests carry."""
 
-    def __init__(self) -> None:
+    def __init__(self, http: Http, headers: dict[str, str]) -> None:
+        self.http, self.headers = http, headers
         self.rewards: dict[str, float] = {}
         self.infos: dict[str, Any] = {}
         self.dones: dict[str, bool] = {}
@@ -74,9 +77,9 @@ class RemoteInference:
     ``action_space`` gives the server's action space (read when first needed)."""
 
     def __init__(
-        self, http: Http, client_id: str, action_space: Callable[[], gym.Space[Any]]
+        self, servers: Servers, client_id: str, action_space: Callable[[], gym.Space[Any]]
     ) -> None:
-        self.http, self.client_id = http, client_id
+        self.servers, self.client_id = servers, client_id
         self.episodes: dict[str, RemoteEpisode] = {}
         self._action_space = action_space
 
@@ -94,8 +97,13 @@ class RemoteInference:
             "options": jsonable(options),
             "client_id": self.client_id,
         }
-        self.http.call("POST", "/v1/episodes", json=body)
-        self.episodes[episode_id] = RemoteEpisode()
+        episode = self.routed(episode_id)  # an episode started on its own: by its id
+        episode.http.call("POST", "/v1/episodes", json=body, headers=episode.headers)
+        self.episodes[episode_id] = episode
+
+    def routed(self, key: str) -> RemoteEpisode:
+        """A new episode on the server of route key ``key``, its requests carrying the key."""
+        return RemoteEpisode(self.servers.pick(key), route_headers(key))
 
     def episode(self, episode_id: str) -> RemoteEpisode:
         return opened(self.episodes, episode_id)
@@ -130,7 +138,7 @@ class RemoteInference:
             multiagent = bool(state.dones) or not set(state.rewards) | set(state.infos) <= {_AGENT}
             try:
                 path = f"/v1/episodes/{quote(episode_id, safe='')}/returns"
-                self.http.call("POST", path, json=state.returns(multiagent))
+                state.http.call("POST", path, json=state.returns(multiagent), headers=state.headers)
             except ServerError as error:
                 _log.warning("rewards of episode '%s' were not delivered: %s", episode_id, error)
                 return False
@@ -148,7 +156,7 @@ class RemoteInference:
         body = {**state.body(multiagent, jsonable(observation)), **extra}
         # any id, as RLlib's: quoted whole, '/' too, and the server reads it back
         path = f"/v1/episodes/{quote(episode_id, safe='')}/{verb}"
-        response = self.http.call("POST", path, json=body)
+        response = state.http.call("POST", path, json=body, headers=state.headers)
         state.sent()
         answer: dict[str, Any] = response.json()
         return answer

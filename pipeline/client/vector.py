@@ -21,6 +21,7 @@ import orjson
 from gymnasium.vector import AutoresetMode
 
 from pipeline.client.remote import RemoteEpisode, RemoteInference, decoded
+from pipeline.client.servers import ROUTE_HEADER
 from pipeline.client.transport import jsonable
 from pipeline.errors import ConfigError, SchemaError
 from pipeline.format import layout
@@ -50,6 +51,11 @@ def step_many(
     previous action. ``terminated[i]`` or ``truncated[i]`` ends the episode at that observation.
     ``starts[i]`` (``{}``, or with ``seed``, ``options``, ``training_enabled``) opens the episode
     first; None continues one opened before.
+
+    The episodes a batch opens travel under the client's route key, so the batch is one request
+    however many servers the client has (``docs/deploy.md``). An episode opened by
+    :meth:`~pipeline.client.PolicyClient.start_episode` travels under its own id, and a batch
+    of such episodes is sent as one request per episode: open them with ``starts`` instead.
     """
     n = len(episode_ids)
     for name, column in (("starts", starts), ("infos", infos)):
@@ -75,8 +81,8 @@ def _send(remote: RemoteInference, client_id: str, rows: dict[str, Any]) -> list
     """The rows as one request; the actions as JSON values."""
     ids, registry = rows["episode_ids"], remote.episodes
     for episode_id, start in zip(ids, rows["starts"] or (), strict=False):
-        if start is not None and episode_id not in registry:
-            registry[episode_id] = RemoteEpisode()
+        if start is not None and episode_id not in registry:  # a batch's own: by the client
+            registry[episode_id] = remote.routed(client_id)
     states = [registry.get(i) or remote.episode(i) for i in ids]
     logged = [state.rewards.get(_AGENT, 0.0) if state.rewards else 0.0 for state in states]
     body = {key: value for key, value in rows.items() if value is not None}
@@ -86,13 +92,34 @@ def _send(remote: RemoteInference, client_id: str, rows: dict[str, Any]) -> list
         body["starts"] = [None if start is None else {**mine, **start} for start in body["starts"]]
     if "infos" in body:
         body["infos"] = [jsonable(info) for info in body["infos"]]
-    response = remote.http.call("POST", "/v1/actions", data=_encode(body), headers=_JSON)
-    actions: list[Any] = orjson.loads(response.content)["actions"]
+    actions = _post(states, body)
     for state in states:
         state.sent()
     for i in np.flatnonzero(rows["terminated"] | rows["truncated"]).tolist():
         del registry[ids[i]]
     return actions
+
+
+def _post(states: list[RemoteEpisode], body: dict[str, Any]) -> list[Any]:
+    """The body as one request per route key among its episodes: one for a vector client's own
+    episodes, which all have its key; episodes started on their own each have theirs, and may
+    be on other servers."""
+    groups: dict[str, list[int]] = {}
+    for i, state in enumerate(states):
+        groups.setdefault(state.headers[ROUTE_HEADER], []).append(i)
+    actions: list[Any] = [None] * len(states)
+    for rows in groups.values():
+        part = body if len(groups) == 1 else {k: _take(v, rows) for k, v in body.items()}
+        state = states[rows[0]]
+        headers = {**_JSON, **state.headers}
+        response = state.http.call("POST", "/v1/actions", data=_encode(part), headers=headers)
+        for i, action in zip(rows, orjson.loads(response.content)["actions"], strict=True):
+            actions[i] = action
+    return actions
+
+
+def _take(column: Any, rows: list[int]) -> Any:
+    return column[rows] if isinstance(column, np.ndarray) else [column[i] for i in rows]
 
 
 def _encode(body: dict[str, Any]) -> bytes:
