@@ -1,0 +1,332 @@
+"""docs/deploy.md, for real: three ``rlpipe serve`` processes on one dataset behind haproxy, run
+with the configuration the doc shows, and a PolicyClient given the three addresses. A trainer
+following the dataset reads every step the clients were acknowledged, once."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pytest
+import requests
+from server_fixtures import ROOT, free_port, kill, metric, start_serve_process
+
+from pipeline import InputReader
+from pipeline.client import PolicyClient
+from pipeline.client.vector import VectorEpisodes
+
+Acked = collections.Counter[tuple[str, int]]  # (episode_id, t) of the steps acknowledged
+SERVE = ("--commit-age", "0.2")  # commit often: the follower's wait at the end is short
+
+
+def haproxy_config() -> str:
+    """The one haproxy configuration ``docs/deploy.md`` shows."""
+    found = re.findall(r"```haproxy\n(.*?)```", (ROOT / "docs" / "deploy.md").read_text(), re.S)
+    assert len(found) == 1, "docs/deploy.md shows one haproxy configuration"
+    return str(found[0])
+
+
+@pytest.fixture
+def haproxy() -> str:
+    path = shutil.which("haproxy")
+    if path is None:
+        message = "haproxy is not installed (apt-get install haproxy; .ci/run installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # CI installs it: there the test must run, not skip
+        pytest.skip(message)
+    return path
+
+
+class Fleet:
+    """Servers of one dataset on OS-picked ports, each a real ``rlpipe serve`` process."""
+
+    def __init__(self, data: Path, count: int) -> None:
+        self.data = data
+        self.ports = [free_port() for _ in range(count)]
+        self.processes: list[subprocess.Popen[bytes]] = []
+        for port in self.ports:
+            self.processes.append(start_serve_process(data, port, *SERVE))
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{port}" for port in self.ports]
+
+    def restart(
+        self, index: int, after_s: float, down_s: float, while_down: Callable[[], None]
+    ) -> None:
+        """``kill -9`` of one server ``after_s`` from now, and the same server again on its port
+        ``down_s`` later; ``while_down`` runs just before the restart."""
+        time.sleep(after_s)
+        kill(self.processes[index])
+        time.sleep(down_s)
+        while_down()
+        self.processes[index] = start_serve_process(self.data, self.ports[index], *SERVE)
+
+    def accepted(self) -> list[float]:
+        """Steps each server accepted since it started."""
+        found = []
+        for port in self.ports:
+            text = requests.get(f"http://127.0.0.1:{port}/v1/metrics", timeout=5).text
+            found.append(metric(text, "rlpipe_steps_accepted_total") or 0.0)
+        return found
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                kill(process, signal.SIGTERM)
+
+
+@contextmanager
+def fleet(data: Path, count: int = 3) -> Iterator[Fleet]:
+    servers = Fleet(data, count)
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@contextmanager
+def balancer(binary: str, directory: Path, addresses: list[str]) -> Iterator[str]:
+    """haproxy on loopback, in front of ``addresses``, with the doc's configuration."""
+    config = directory / "haproxy.cfg"
+    config.write_text(haproxy_config())
+    port = free_port()
+    env = {**os.environ, "RLPIPE_BIND": f"127.0.0.1:{port}"}
+    env |= {f"RLPIPE_SERVER_{n}": address for n, address in enumerate(addresses, 1)}
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
+    process = subprocess.Popen(
+        [binary, "-db", "-f", str(config)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(url, process, log)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+def _wait_for(url: str, process: subprocess.Popen[bytes], log: Any) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if requests.get(url + "/v1/health", timeout=1).ok:
+                return
+        except requests.ConnectionError:
+            time.sleep(0.05)
+    log.seek(0)
+    raise RuntimeError(f"haproxy did not start: {log.read().decode(errors='replace')[-2000:]}")
+
+
+class Follower(threading.Thread):
+    """A trainer's reader: every (episode_id, t) a following InputReader yields."""
+
+    def __init__(self, data: Path) -> None:
+        super().__init__(daemon=True)
+        self.reader = InputReader(
+            data, batch_size=256, follow=True, timeout_s=2.0, poll_interval_s=0.05
+        )
+        self.seen: Acked = collections.Counter()
+
+    def run(self) -> None:
+        for batch in self.reader:
+            self.seen.update(zip(batch.episode_ids.tolist(), batch.ts.tolist(), strict=True))
+
+
+def play_remote(
+    client: PolicyClient,
+    episode_ids: list[str],
+    acked: Acked,
+    pace_s: float = 0.0,
+    longest: list[float] | None = None,
+) -> None:
+    """CartPole episodes, each step credited once the call that completes its row returns;
+    ``pace_s`` between steps; ``longest[0]``: the longest any call took."""
+    longest = [0.0] if longest is None else longest
+
+    def timed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        began = time.monotonic()
+        answer = call(*args, **kwargs)
+        longest[0] = max(longest[0], time.monotonic() - began)
+        return answer
+
+    env = gym.make("CartPole-v1")
+    for n, episode_id in enumerate(episode_ids):
+        timed(client.start_episode, episode_id, seed=n)
+        observation, _ = env.reset(seed=n)
+        t = 0
+        while True:
+            time.sleep(pace_s)
+            action = timed(client.get_action, episode_id, observation)
+            if t > 0:
+                acked[(episode_id, t - 1)] += 1
+            observation, reward, terminated, truncated, _ = env.step(action)
+            client.log_returns(episode_id, float(reward))
+            t += 1
+            if terminated or truncated:
+                timed(client.end_episode, episode_id, observation, truncated=truncated)
+                acked[(episode_id, t - 1)] += 1
+                break
+    env.close()
+
+
+def play_local(client: PolicyClient, episodes: int, acked: Acked, pace_s: float = 0.0) -> None:
+    """Local inference: the steps are acknowledged when ``close()`` says all were delivered;
+    ``pace_s`` between steps."""
+    env = gym.make("CartPole-v1")
+    played: Acked = collections.Counter()
+    for n in range(episodes):
+        episode_id = client.start_episode(seed=n)
+        observation, _ = env.reset(seed=n)
+        for t in range(500):
+            time.sleep(pace_s)
+            action = client.get_action(episode_id, observation)
+            observation, reward, terminated, truncated, _ = env.step(action)
+            client.log_returns(episode_id, float(reward))
+            played[(episode_id, t)] += 1
+            if terminated or truncated:
+                client.end_episode(episode_id, observation, truncated=truncated)
+                break
+    env.close()
+    assert client.close(30.0)
+    acked.update(played)
+
+
+def play_vector(client: PolicyClient, steps: int, acked: Acked) -> None:
+    """A vector env's sub-envs as episodes: a row is complete when its next step returns."""
+    envs = gym.make_vec("CartPole-v1", num_envs=4)
+    vector = VectorEpisodes(client, envs.num_envs)
+    counts: collections.Counter[str] = collections.Counter()
+    observations, _ = envs.reset(seed=0)
+    actions = vector.reset(observations)
+    for _ in range(steps):
+        observations, rewards, terminated, truncated, _ = envs.step(actions)
+        open_ids = [episode_id for episode_id in vector.episode_ids if episode_id is not None]
+        actions = vector.step(observations, rewards, terminated, truncated)
+        for episode_id in open_ids:
+            acked[(episode_id, counts[episode_id])] += 1
+            counts[episode_id] += 1
+    observations, rewards, terminated, truncated, _ = envs.step(actions)
+    open_ids = [episode_id for episode_id in vector.episode_ids if episode_id is not None]
+    vector.close(observations, rewards, terminated, truncated)
+    for episode_id in open_ids:
+        acked[(episode_id, counts[episode_id])] += 1
+    envs.close()
+    assert client.close()
+
+
+def together(*players: Callable[[Acked], None]) -> Acked:
+    """Run the players at once, each crediting its own steps; all their steps. The first
+    failure of any is raised."""
+    failures: list[BaseException] = []
+    acked: Acked = collections.Counter()
+    lock = threading.Lock()
+
+    def run(player: Callable[[Acked], None]) -> None:
+        mine: Acked = collections.Counter()
+        try:
+            player(mine)
+        except BaseException as error:
+            failures.append(error)
+        with lock:
+            acked.update(mine)
+
+    threads = [threading.Thread(target=run, args=(player,)) for player in players]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return acked
+
+
+def check_exactly_once(follower: Follower, acked: Acked, data: Path) -> None:
+    """The follower read each acknowledged step once and nothing else; so does a fresh read."""
+    follower.join(timeout=60)
+    assert not follower.is_alive()
+    assert set(acked.values()) == {1}
+    assert follower.seen == acked, (
+        f"follower: {sum(follower.seen.values())} rows, {len(follower.seen)} distinct; "
+        f"acknowledged {len(acked)}; missing {len(acked - follower.seen)}, "
+        f"extra {len(follower.seen - acked)}"
+    )
+    again: Acked = collections.Counter()
+    for batch in InputReader(data, batch_size=4096):
+        again.update(zip(batch.episode_ids.tolist(), batch.ts.tolist(), strict=True))
+    assert again == acked
+
+
+def test_three_servers_behind_haproxy_keep_every_step_once(haproxy: str, tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    with fleet(data) as servers, balancer(haproxy, tmp_path, servers.addresses) as url:
+        follower = Follower(data)
+        follower.start()
+        remote = PolicyClient(url, "remote")
+        local = PolicyClient(url, "local", update_interval=None, spool_dir=tmp_path / "spool")
+        vector = PolicyClient(url, "remote")
+        acked = together(
+            lambda mine: play_remote(remote, [f"remote-{n}" for n in range(12)], mine),
+            lambda mine: play_local(local, 6, mine),
+            lambda mine: play_vector(vector, 60, mine),
+        )
+        assert remote.close()
+        accepted = servers.accepted()
+        check_exactly_once(follower, acked, data)
+        servers.stop()  # the balancer's own 503 is in the protocol's form: wait, then retry
+        answer = requests.post(url + "/v1/episodes", json={}, timeout=10)
+        assert (answer.status_code, answer.headers["Retry-After"]) == (503, "1")
+        assert answer.json()["error"]["status"] == 503
+    # the remote client's episodes, hashed by their ids, reached every server
+    assert all(count > 0 for count in accepted), accepted
+
+
+def test_a_client_given_three_servers_spreads_its_episodes_and_rides_out_one_outage(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "ds"
+    with fleet(data) as servers:
+        follower = Follower(data)
+        follower.start()
+        remote = PolicyClient(servers.addresses, "remote", timeout=20.0)
+        local = PolicyClient(
+            ",".join(servers.addresses), "local", update_interval=None, spool_dir=tmp_path / "sp"
+        )
+        urls = [f"http://{address}" for address in servers.addresses]
+        home = urls.index(local._servers.pick(local.client_id).url)  # its uploads' server
+        episode_ids = [f"remote-{n}" for n in range(30)]
+        # a second remote client whose every episode is on that server: one is open at the kill
+        stranded = PolicyClient(servers.addresses, "remote", timeout=20.0)
+        candidates = (f"stranded-{n}" for n in range(1000))
+        stranded_ids = [k for k in candidates if stranded._servers.pick(k).url == urls[home]]
+        spooled: list[Path] = []
+        waited = [0.0]
+        acked = together(  # each plays for about 2.5 s; the server dies at 0.5 s for 1 s
+            lambda mine: play_remote(remote, episode_ids, mine, pace_s=0.002),
+            lambda mine: play_remote(stranded, stranded_ids[:8], mine, 0.006, waited),
+            lambda mine: play_local(local, 30, mine, pace_s=0.002),
+            lambda _: servers.restart(
+                home, 0.5, 1.0, lambda: spooled.extend(local.spool_dir.glob("*.arrows"))
+            ),
+        )
+        assert spooled, "the local client's server was down while it played"
+        assert waited[0] > 1.0, "a remote client of that server waited for it"
+        assert remote.close() and stranded.close()
+        check_exactly_once(follower, acked, data)
+        accepted = servers.accepted()
+    spread = collections.Counter(remote._servers.pick(key).url for key in episode_ids)
+    assert len(spread) == 3, spread
+    assert all(count > 0 for count in accepted), accepted
