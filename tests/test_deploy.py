@@ -40,7 +40,8 @@ def haproxy_config() -> str:
 
 @pytest.fixture
 def haproxy() -> str:
-    path = shutil.which("haproxy")
+    # Debian installs it in /usr/sbin, which a user's PATH often leaves out
+    path = shutil.which("haproxy", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin")
     if path is None:
         message = "haproxy is not installed (apt-get install haproxy; .ci/run installs it)"
         if os.environ.get("CI"):
