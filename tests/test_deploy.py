@@ -271,6 +271,25 @@ def check_exactly_once(follower: Follower, acked: Acked, data: Path) -> None:
     assert again == acked
 
 
+def upload(url: str, client_id: str, seq: int) -> Any:
+    """A JSON upload of one step, as a client without the route header sends it."""
+    observation = [0.01, -0.02, 0.03, 0.04]
+    step = {
+        "episode_id": f"{client_id}-{seq}",
+        "t": 0,
+        "observation": observation,
+        "action": 1,
+        "reward": 1.0,
+        "next_observation": observation,
+        "terminated": True,
+        "truncated": False,
+    }
+    headers = {"X-Rlpipe-Client": client_id, "X-Rlpipe-Upload": str(seq)}
+    answer = requests.post(url + "/v1/uploads", json={"steps": [step]}, headers=headers, timeout=10)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
 def test_three_servers_behind_haproxy_keep_every_step_once(haproxy: str, tmp_path: Path) -> None:
     data = tmp_path / "ds"
     with fleet(data) as servers, balancer(haproxy, tmp_path, servers.addresses) as url:
@@ -287,6 +306,9 @@ def test_three_servers_behind_haproxy_keep_every_step_once(haproxy: str, tmp_pat
         assert remote.close()
         accepted = servers.accepted()
         check_exactly_once(follower, acked, data)
+        for seq in range(3):  # without the header, an upload is routed by its client's id
+            for retry in (False, True):
+                assert upload(url, "sim-in-c", seq)["duplicate"] is retry
         servers.stop()  # the balancer's own 503 is in the protocol's form: wait, then retry
         answer = requests.post(url + "/v1/episodes", json={}, timeout=10)
         assert (answer.status_code, answer.headers["Retry-After"]) == (503, "1")
