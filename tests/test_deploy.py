@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
+import pandas as pd
 import pytest
 import requests
 from server_fixtures import ROOT, free_port, kill, metric, start_serve_process
@@ -352,4 +354,35 @@ def test_a_client_given_three_servers_spreads_its_episodes_and_rides_out_one_out
         accepted = servers.accepted()
     spread = collections.Counter(remote._servers.pick(key).url for key in episode_ids)
     assert len(spread) == 3, spread
+    assert all(count > 0 for count in accepted), accepted
+
+
+def test_a_batch_of_episodes_on_several_servers_reaches_each_of_them(tmp_path: Path) -> None:
+    """step_many over episodes started on their own, each on the server of its id: the batch
+    is sent as one request per route key, the actions come back in its order, and each step
+    is stored once."""
+    data = tmp_path / "ds"
+    with fleet(data) as servers:
+        client = PolicyClient(servers.addresses, "remote")
+        by_server = collections.defaultdict(list)
+        for key in (f"e{n}" for n in range(200)):
+            by_server[client._servers.pick(key).url].append(key)
+        ids = sorted(key for keys in by_server.values() for key in keys[:3])  # servers mixed
+        assert len(ids) == 9
+        for episode_id in ids:
+            client.start_episode(episode_id)
+        observations = np.zeros((len(ids), 4), np.float32)
+        ended = np.arange(len(ids)) % 2 == 1
+        first = client.step_many(ids, observations)
+        last = client.step_many(ids, observations + 0.1, np.ones(len(ids)), ended, ~ended)
+        assert all(action in (0, 1) for action in first)
+        assert [action is None for action in last] == [True] * len(ids)
+        assert client.close()
+        accepted = servers.accepted()
+    steps = pd.read_parquet(data / "steps")
+    stored = sorted(zip(steps["episode_id"], steps["t"], strict=True))
+    assert stored == [(episode_id, 0) for episode_id in sorted(ids)]
+    assert steps.groupby("episode_id")["terminated"].first().to_dict() == dict(
+        zip(ids, ended.tolist(), strict=True)
+    )
     assert all(count > 0 for count in accepted), accepted
