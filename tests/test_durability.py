@@ -3,6 +3,7 @@ partial file."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -16,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import InputReader, recover
+from pipeline.dataset import wal
 from pipeline.dataset.discovery import list_shards
+from pipeline.format import layout
 from pipeline.format.layout import resolve
 
 ROUNDS = 20
@@ -133,3 +136,25 @@ def test_writer_processes_share_a_directory(tmp_path: Path) -> None:
     writers = {shard.name.split("-")[1] for shard in path.glob("steps/*/part-*.parquet")}
     assert len(writers) == 3
     assert not list(path.glob("_wal/*")), "clean exits leave no log behind"
+
+
+def test_a_writer_that_died_claiming_its_log_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A writer killed between creating its log's staging directory and renaming it left
+    ``.new-<id>`` for good; the next writer's claim removes it, but not a live claim's."""
+    base = tmp_path / "_wal"
+    dead, live = base / ".new-deadbeef", base / ".new-cafe"
+    for staging in (dead, live):
+        staging.mkdir(parents=True)
+        (staging / layout.WAL_LOCK).touch()
+    old = time.time() - 2 * wal.STAGING_STALE_S
+    os.utime(dead, (old, old))
+    os.utime(live, (old, old))
+    held = os.open(live / layout.WAL_LOCK, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        fd, directory = wal.claim_log_dir(base, "f00d")
+        wal.release_log_dir(fd, directory, keep=False)
+        assert not dead.exists()
+        assert live.exists()
+    finally:
+        os.close(held)

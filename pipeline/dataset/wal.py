@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,7 @@ def claim_log_dir(base: Path, writer_id: str) -> tuple[int, Path]:
     """Lock a fresh log directory for a writer: (the lock's descriptor, the directory). A
     recovering writer tells a live writer's log by its lock (docs/format.md section 8)."""
     base.mkdir(parents=True, exist_ok=True)
+    _sweep_staging(base)
     staging = base / f".new-{writer_id}"
     staging.mkdir()
     fd = os.open(staging / layout.WAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -132,6 +135,29 @@ def claim_log_dir(base: Path, writer_id: str) -> tuple[int, Path]:
     staging.rename(final)
     fsync_path(base)  # the rename must survive a power cut, not just a kill
     return fd, final
+
+
+# A claim takes microseconds; a staging directory this old belongs to a writer that died in it.
+STAGING_STALE_S = 60.0
+
+
+def _sweep_staging(base: Path) -> None:
+    """Remove the staging directories of writers that died while claiming (they hold only a
+    lock file: no rows ever reach one), unless a live writer holds its lock."""
+    for staging in base.glob(".new-*"):
+        try:
+            if time.time() - staging.stat().st_mtime < STAGING_STALE_S:
+                continue
+            fd = os.open(staging / layout.WAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            continue  # gone already, or not ours to touch
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(staging, ignore_errors=True)
+        except BlockingIOError:
+            pass  # a live writer's
+        finally:
+            os.close(fd)
 
 
 def release_log_dir(fd: int, directory: Path, keep: bool) -> None:
