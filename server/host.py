@@ -194,10 +194,11 @@ def _fork_workers() -> None:
 def _check_dataset(config: ServerConfig) -> None:
     """Refuse a dataset the worker could not open, here, where the error reaches the caller:
     a worker that fails can only print why and exit. (The writer's own rule, run early.)"""
+    from pipeline.dataset.location import locate
     from pipeline.format.manifest import open_manifest
 
     open_manifest(
-        str(Path(config.data).resolve()),
+        locate(config.data),
         config.observation_space,
         config.action_space,
         config.env_id,

@@ -47,8 +47,10 @@ MAX_BYTES = 4 * 2**20  # a restart replays at most this much (about a second)
 REMEMBER_ENDED = 1024  # ended episodes a snapshot keeps answers for (a retry comes in seconds)
 
 
-def journal_root(root: str) -> Path:
-    return Path(root) / layout.JOURNAL
+def journal_root(state_dir: str | Path) -> Path:
+    """The journals of a dataset's servers, in its local state directory (the dataset itself
+    when it is local: ``Location.state_dir``)."""
+    return Path(state_dir) / layout.JOURNAL
 
 
 def journal_files(directory: Path) -> list[Path]:
@@ -60,7 +62,7 @@ class Journal:
     """One server's journal of its open episodes.
 
     Args:
-        root: the dataset directory.
+        root: the dataset's local state directory (``DatasetWriter.location.state_dir``).
         journal_id: the server's writer id (its rows' shards carry it too).
         book: the open episodes, which each new file's snapshot holds.
         sync: the writer's sync mode, ``"always"`` or ``"background"``.
@@ -72,7 +74,7 @@ class Journal:
 
     def __init__(
         self,
-        root: str,
+        root: str | Path,
         journal_id: str,
         book: EpisodeBook,
         sync: str,

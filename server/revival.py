@@ -29,6 +29,8 @@ import orjson
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.dataset.delta import Table
+from pipeline.dataset.location import Location
 from pipeline.dataset.recovery import recover
 from pipeline.dataset.wal import release_log_dir
 from pipeline.errors import SchemaError
@@ -49,7 +51,7 @@ _COMMIT_WAIT_S = 60.0  # how long to wait for another process recovering the dea
 def open_journal(service: Any) -> Journal:
     """Adopt the open episodes of every dead server of the dataset into ``service``'s book,
     then open its own journal (which starts with them)."""
-    root = service.writer.root
+    root = service.writer.location.state_dir
     dead = _dead_journals(root)
     adopted = []
     for fd, directory in dead:
@@ -76,7 +78,7 @@ def open_journal(service: Any) -> Journal:
     return journal
 
 
-def _dead_journals(root: str) -> list[tuple[int, Path]]:
+def _dead_journals(root: Path) -> list[tuple[int, Path]]:
     """The journal directories whose lock this process could take, with the lock held."""
     base = journal_root(root)
     if not base.is_dir():
@@ -100,7 +102,7 @@ def _dead_journals(root: str) -> list[tuple[int, Path]]:
 
 def _adopt(service: Any, directory: Path) -> None:
     writer_id = directory.name
-    _wait_committed(service.writer.root, writer_id)
+    _wait_committed(service.writer.location, writer_id)
     docs = _read(directory)
     if not docs:
         return
@@ -188,7 +190,7 @@ def _open(book: Any, episode_id: str) -> Episode | None:
 def _landed(service: Any, writer_id: str, doc: dict[str, Any], done: Completion) -> bool:
     """Whether the rows of the journal's last intent were written; if they were and its
     summaries were not (the kill came between the two), the summaries are written now."""
-    root, since = service.writer.root, doc["at"] - _CLOCK_SLACK_S
+    root, since = service.writer.location, doc["at"] - _CLOCK_SLACK_S
     who = (writer_id, doc["k"])
     if done.rows:
         episode_id, agent_id, t = done.rows[0][:3]
@@ -217,25 +219,31 @@ def _landed(service: Any, writer_id: str, doc: dict[str, Any], done: Completion)
     return True
 
 
-def _stored(root: str, table: str, writer_id: str, since: float, key: dict[str, Any]) -> bool:
-    """Whether a row with ``key``'s values is in a shard of the writer written since then."""
+def _stored(
+    location: Location, table: str, writer_id: str, since: float, key: dict[str, Any]
+) -> bool:
+    """Whether a row with ``key``'s values is in a shard of the writer committed since then."""
     condition = reduce(lambda a, b: a & b, [pc.field(k) == v for k, v in key.items()])
-    pattern = f"{layout.PARTITION_KEY}=*/{layout.shard_name(writer_id, 0).replace('00000000', '*')}"
-    for path in Path(root, table).glob(pattern):
-        if path.stat().st_mtime < since:
+    prefix = layout.shard_name(writer_id, 0).split("00000000")[0]
+    for entry in Table(location, table).files():
+        if not entry.path.rsplit("/", 1)[-1].startswith(prefix) or entry.modified_ms < since * 1e3:
             continue
-        if pq.read_table(path, columns=list(key), filters=condition).num_rows:
+        path = location.path(table, entry.path)
+        found = pq.read_table(
+            path, columns=list(key), filters=condition, filesystem=location.filesystem
+        )
+        if found.num_rows:
             return True
     return False
 
 
-def _wait_committed(root: str, writer_id: str) -> None:
+def _wait_committed(location: Location, writer_id: str) -> None:
     """The dead server's log committed into shards (by this process, or by another one that
     is recovering it right now)."""
     deadline = time.monotonic() + _COMMIT_WAIT_S
-    log = layout.wal_root(root) / writer_id
+    log = layout.wal_root(location.state_dir) / writer_id
     while log.exists():
-        recover(root)
+        recover(location)
         if not log.exists():
             return
         if time.monotonic() > deadline:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from pipeline.dataset import discovery
 from pipeline.dataset.writer import DatasetWriter
 from pipeline.format import layout, schema
 from server.errors import ApiError, bad_request
@@ -100,12 +100,10 @@ class UploadLedger:
         row groups whose time statistics overlap the upload's are read: the check costs what
         the upload's own time span holds, not the whole table (about 2 s and 150 MB of memory
         per client at a million rows, before)."""
-        folder = Path(self._writer.root) / name
-        if table.num_rows == 0 or (
-            not timed and client_id not in self._stored_clients(name, folder)
-        ):
+        if table.num_rows == 0 or (not timed and client_id not in self._stored_clients(name)):
             return table
-        if not any(folder.rglob("*.parquet")):
+        dataset = self._dataset(name)
+        if dataset is None:
             return table
         keys = _KEYS[name]
         episode_ids = pc.unique(table.column("episode_id"))
@@ -113,8 +111,8 @@ class UploadLedger:
         if timed:
             times, column = table.column(_TIMES[name]), ds.field(_TIMES[name])
             where &= (column >= pc.min(times)) & (column <= pc.max(times))
-        dataset = ds.dataset(folder, format="parquet", partitioning="hive")
         stored = dataset.to_table(columns=keys, filter=where)
+        stored = stored.cast(table.select(keys).schema)  # ids are read as dictionaries
         if stored.num_rows == 0:
             return table
         mine = table.select(keys).append_column("_row", pa.array(range(table.num_rows)))
@@ -123,7 +121,16 @@ class UploadLedger:
         fresh = pc.filter(joined.column("_row"), pc.is_null(joined.column("_stored")))
         return table.take(np.unique(fresh.to_numpy()))
 
-    def _stored_clients(self, name: str, folder: Path) -> set[str]:
+    def _dataset(self, name: str) -> ds.Dataset | None:
+        """The committed files of table ``name`` as one dataset; None before the first."""
+        location = self._writer.location
+        paths = discovery.list_shards(location, name)
+        if not paths:
+            return None
+        table_schema = self._writer.step_schema if name == layout.STEPS else schema.EPISODE_SCHEMA
+        return discovery.open_dataset(location.filesystem, location.root, paths, table_schema, name)
+
+    def _stored_clients(self, name: str) -> set[str]:
         """The client ids a table held when the server first looked (once per table per run):
         a client not among them has nothing stored from before this run, so the first upload
         of each new client skips the scan of the whole table for its keys."""
@@ -131,10 +138,10 @@ class UploadLedger:
             known = self._clients.get(name)
             if known is None:
                 known = set()
-                if folder.is_dir() and any(folder.rglob("*.parquet")):
-                    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+                dataset = self._dataset(name)
+                if dataset is not None:
                     column = dataset.to_table(columns=["client_id"]).column("client_id")
-                    known = set(pc.unique(column).to_pylist())
+                    known = set(pc.unique(column).cast(pa.string()).to_pylist())
                 self._clients[name] = known
             return known
 

@@ -19,8 +19,8 @@ import pytest
 from pipeline import InputReader, recover
 from pipeline.dataset import wal
 from pipeline.dataset.discovery import list_shards
+from pipeline.dataset.location import locate
 from pipeline.format import layout
-from pipeline.format.layout import resolve
 
 ROUNDS = 20
 FORMS = ("columns", "rows", "packed")  # how each of three sharing writers appends
@@ -102,8 +102,7 @@ def test_sigkill_loses_no_acknowledged_row(
             assert np.array_equal(ts, np.arange(len(ts))), f"batch {name} is torn or duplicated"
             if name in acknowledged:
                 assert len(ts) == acknowledged[name]
-        filesystem, root = resolve(path)
-        for shard in list_shards(filesystem, root):
+        for shard in list_shards(locate(path)):
             pq.read_metadata(shard)  # every visible file is whole
     assert not [p for p in (path / "_wal").glob("*/*") if p.name != "LOCK"], (
         "recovery left log segments behind")  # fmt: skip

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from conftest import cartpole_rollout
 from PIL import Image
@@ -98,30 +99,32 @@ def test_unhealthy_files_are_reported(
 ) -> None:
     path = make_dataset(steps=200, per_append=100)
     partition = next((path / "steps").glob("date=*"))
-    (partition / ".part-dead-00000009.parquet.tmp").write_bytes(b"half a shard")
-    (partition / "part-broken-00000001.parquet").write_bytes(b"not parquet at all")
+    (partition / "part-dead-00000009.parquet").write_bytes(b"half a shard, never committed")
+    broken = sorted(partition.glob("part-*.parquet"))[0]  # a committed shard, damaged
+    lost = pq.read_metadata(broken).num_rows
+    broken.write_bytes(b"not parquet at all")
     wal = path / "_wal" / "deadwriter"
     wal.mkdir(parents=True)
     (wal / "steps-00000000.arrows").write_bytes(b"")
     report = run_json(path, capsys)
     date = partition.name
     assert report["health"] == {
-        "uncommitted": [f"steps/{date}/.part-dead-00000009.parquet.tmp"],
-        "unreadable": [f"steps/{date}/part-broken-00000001.parquet"],
+        "uncommitted": [f"steps/{date}/part-dead-00000009.parquet"],
+        "unreadable": [f"steps/{date}/{broken.name}"],
         "pending_log": ["_wal/deadwriter/steps-00000000.arrows"],
         "damaged": [
             {
-                "file": f"steps/{date}/part-broken-00000001.parquet",
+                "file": f"steps/{date}/{broken.name}",
                 "problem": "its footer cannot be read (Parquet magic bytes not found in footer. "
                 "Either the file is corrupted or this is not a parquet file.)",
             }
         ],
     }
-    assert report["rows"] == 200  # the unreadable shard is left out, not fatal
+    assert report["rows"] == 200 - lost  # the unreadable shard is left out, not fatal
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
     assert "health         3 problems" in text
-    assert f"  - unreadable file steps/{date}/part-broken-00000001.parquet" in text
+    assert f"  - unreadable file steps/{date}/{broken.name}" in text
 
 
 def test_plot_writes_a_png(

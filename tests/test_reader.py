@@ -248,9 +248,9 @@ def test_duckdb_reads_the_files_unchanged(make_dataset: Any) -> None:
 def test_newer_format_says_upgrade(make_dataset: Any) -> None:
     path = make_dataset(steps=10)
     manifest = path / "manifest.json"
-    manifest.write_text(manifest.read_text().replace('"format_version": 1', '"format_version": 99'))
+    manifest.write_text(manifest.read_text().replace('"format_version": 2', '"format_version": 99'))
     with pytest.raises(
-        FormatVersionError, match="newer than the 1 this rlpipe reads; upgrade rlpipe"
+        FormatVersionError, match="newer than the 2 this rlpipe reads; upgrade rlpipe"
     ):
         InputReader(path)
 
@@ -277,16 +277,19 @@ def test_device_yields_torch_batches_with_the_same_rows(make_dataset: Any, mode:
 
 
 def test_reads_a_dataset_that_rlpipe_did_not_write(tmp_path: Path) -> None:
-    """Files made by hand from the documented layout, as a writer in another language would."""
+    """A Delta table made by another Delta writer from the documented layout (vectors as plain
+    lists, no rlpipe metadata), as a writer in another language would make it."""
+    from deltalake import write_deltalake
+
     manifest = {
-        "format": "rlpipe", "format_version": 1, "created_at": "2026-11-22T00:00:00+00:00",
+        "format": "rlpipe", "format_version": 2, "created_at": "2026-11-22T00:00:00+00:00",
         "env_id": None,
         "observation_space": {"type": "Box", "shape": [2], "dtype": "float32",
                               "low": ["-inf", "-inf"], "high": ["inf", "inf"]},
         "action_space": {"type": "Discrete", "n": 3, "start": 0},
     }  # fmt: skip
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    vector = pa.list_(pa.float32(), 2)
+    vector = pa.list_(pa.float32())
     n = 5
     table = pa.table(
         {
@@ -305,10 +308,10 @@ def test_reads_a_dataset_that_rlpipe_did_not_write(tmp_path: Path) -> None:
             "info": pa.array([None] * n, pa.string()),
             "client_id": pa.array(["sim"] * n),
             "logged_at": pa.array([0] * n, pa.timestamp("us", tz="UTC")),
+            "date": pa.array(["1970-01-01"] * n),
         }
     )
-    (tmp_path / "steps" / "date=1970-01-01").mkdir(parents=True)
-    pq.write_table(table, tmp_path / "steps" / "date=1970-01-01" / "part-other-00000000.parquet")
+    write_deltalake(tmp_path / "steps", table, partition_by=["date"])
     (episode,) = list(InputReader(tmp_path, episodes=True))
     assert episode.ts.tolist() == list(range(n))
     assert episode.observations[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]

@@ -22,7 +22,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from conftest import play
 from trainer_factories import scripted_cartpole
@@ -30,6 +29,7 @@ from trainer_factories import scripted_cartpole
 from pipeline import DatasetWriter
 from pipeline.commands.cli import main
 from pipeline.dataset import discovery
+from pipeline.dataset.location import locate
 from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.policy.network import NumpyPolicy
 from pipeline.trainers import state
@@ -93,7 +93,7 @@ def _lines(run_dir: Path, name: str) -> list[dict[str, Any]]:
 def _shard_rows(data: Path) -> dict[str, int]:
     """Every committed shard (as a path under the dataset root) and its rows."""
     root = os.path.abspath(data)
-    paths = discovery.list_shards(pafs.LocalFileSystem(), root)
+    paths = discovery.list_shards(locate(root))
     return {path[len(root) + 1 :]: pq.ParquetFile(path).metadata.num_rows for path in paths}
 
 

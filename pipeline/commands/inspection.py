@@ -1,11 +1,12 @@
 """``rlpipe inspect DIR [--json] [--plot FILE.png]``: what a dataset holds, and what is wrong.
 
-The report is built from the files alone (shard footers for counts, a few narrow columns for the
-rest), so it works on a dataset that is being written, on one whose writer died, and on one copied
-from elsewhere. "Unhealthy" means something a reader would not see or would trip over: files still
-under a dot-name (a writer is mid-commit, or died there), shards whose footer cannot be read, and
-write-ahead-log segments not yet committed (acknowledged rows that only a live writer or the next
-one's recovery turns into shards).
+The report is built from the tables' Delta snapshots and their files (a few narrow columns), so it
+works on a dataset that is being written, on one whose writer died, and on one copied from
+elsewhere. "Unhealthy" means something a reader would not see or would trip over: files in a
+table's directory that no commit names (a writer is mid-commit, or died between writing and
+committing; recovery commits them), shards that cannot be read, and write-ahead-log segments not
+yet committed (acknowledged rows that only a live writer or the next one's recovery turns into
+shards).
 """
 
 from __future__ import annotations
@@ -67,15 +68,17 @@ def run(args: argparse.Namespace) -> int:
 def inspect_dataset(path: str | Path, plot: str | Path | None = None) -> dict[str, Any]:
     """The whole report as plain JSON-ready data; with ``plot``, also the PNG of
     :func:`plot_episodes`."""
+    from pipeline.dataset.location import locate
     from pipeline.format import layout
     from pipeline.format.manifest import read_manifest
 
-    manifest = read_manifest(path)
-    filesystem, root = layout.resolve(path)
-    health = _health(filesystem, root, manifest)
+    location = locate(path)
+    manifest = read_manifest(location)
+    filesystem, root = location.filesystem, location.root
+    health = _health(location, manifest)
     bad = set(health["unreadable"])
-    steps = _table_files(filesystem, root, layout.STEPS, bad)
-    episodes = _table_files(filesystem, root, layout.EPISODES, bad)
+    steps = _table_files(location, layout.STEPS, bad)
+    episodes = _table_files(location, layout.EPISODES, bad)
     step_rows = _read(filesystem, root, steps, layout.STEPS, _STEP_COLUMNS, manifest)
     episode_columns = ["episode_id", "ended_at", "length", "return", "end_reason"]
     episode_rows = _read(filesystem, root, episodes, layout.EPISODES, episode_columns, manifest)
@@ -182,27 +185,30 @@ def _curve(steps: Any, rows: Any) -> tuple[list[float], list[int], str]:
     )
 
 
-def _health(filesystem: Any, root: str, manifest: Any) -> dict[str, list[Any]]:
+def _health(location: Any, manifest: Any) -> dict[str, list[Any]]:
     import pyarrow.fs as pafs
 
+    from pipeline.dataset import discovery
     from pipeline.dataset.quarantine import find_damaged
     from pipeline.dataset.recovery import pending_segments
     from pipeline.format import layout
 
+    filesystem, root = location.filesystem, location.root
     uncommitted: list[str] = []
     for table in layout.TABLES:
+        committed = set(discovery.list_shards(location, table))
         selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
         for info in filesystem.get_file_info(selector):
-            if info.type != pafs.FileType.File:
-                continue
             relative = info.path[len(root) + 1 :]
-            if info.base_name.startswith((".", "_")):
+            if info.type != pafs.FileType.File or "/_delta_log/" in f"/{relative}":
+                continue
+            if info.path not in committed:
                 uncommitted.append(relative)
     top = filesystem.get_file_info(pafs.FileSelector(root))
     uncommitted += [i.base_name for i in top if i.base_name.startswith(".")]
-    local = isinstance(filesystem, pafs.LocalFileSystem)
-    pending = [str(p.relative_to(root)) for p in pending_segments(root)] if local else []
-    damaged = find_damaged(root, manifest, filesystem)
+    state = location.state_dir
+    pending = [str(p.relative_to(state)) for p in pending_segments(location)]
+    damaged = find_damaged(location, manifest)
     return {
         "uncommitted": sorted(uncommitted),
         "unreadable": sorted(d["file"] for d in damaged if d["file"].endswith(".parquet")),
@@ -211,11 +217,11 @@ def _health(filesystem: Any, root: str, manifest: Any) -> dict[str, list[Any]]:
     }
 
 
-def _table_files(filesystem: Any, root: str, table: str, bad: set[str]) -> list[str]:
+def _table_files(location: Any, table: str, bad: set[str]) -> list[str]:
     from pipeline.dataset import discovery
 
-    paths = discovery.list_shards(filesystem, root, table)
-    return [p for p in paths if p[len(root) + 1 :] not in bad]
+    paths = discovery.list_shards(location, table)
+    return [p for p in paths if p[len(location.root) + 1 :] not in bad]
 
 
 def _read(

@@ -249,13 +249,16 @@ def _reset_args(
     import pyarrow.dataset as ds
 
     from pipeline.dataset import discovery
+    from pipeline.dataset.location import locate
     from pipeline.format import layout, schema
 
-    filesystem, root = layout.resolve(path)
-    paths = discovery.list_shards(filesystem, root, layout.EPISODES)
+    location = locate(path)
+    paths = discovery.list_shards(location, layout.EPISODES)
     if not paths:
         return None, None
-    dataset = discovery.open_dataset(filesystem, root, paths, schema.EPISODE_SCHEMA, "episodes")
+    dataset = discovery.open_dataset(
+        location.filesystem, location.root, paths, schema.EPISODE_SCHEMA, layout.EPISODES
+    )
     condition = ds.field("episode_id") == episode_id
     if agent_id:
         condition = condition & (ds.field("agent_id") == agent_id)

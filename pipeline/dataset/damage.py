@@ -29,7 +29,11 @@ def footer_problem(metadata: pq.FileMetaData, table_schema: pa.Schema) -> str | 
     """What is wrong with a shard's footer, or None: its columns are the table's (in order), and
     every row group's row count is the value count of each of its flat columns."""
     expected = [path for field in table_schema for path, _ in leaf_paths(field)]
-    found = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    # a list's element is "element" in rlpipe's files and "item" in some other writers' (arrow-rs)
+    found = [
+        metadata.schema.column(i).path.replace(".list.item", ".list.element")
+        for i in range(metadata.num_columns)
+    ]
     if found != expected:
         missing = sorted(set(expected) - set(found))
         extra = sorted(set(found) - set(expected))

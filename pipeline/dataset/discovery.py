@@ -1,9 +1,9 @@
 """Finding a dataset's committed shards and dividing them between readers.
 
-Any ``*.parquet`` under ``steps/`` whose name does not start with ``.`` or ``_`` is a committed
-shard, whoever wrote it: the commit protocol (write under a dot-name, rename into place) means a
-visible name is a whole file. Work is divided by hashing a stable name, never by position in a
-listing, so that readers that list at different moments still agree on who reads what.
+A table's committed shards are the data files of its Delta snapshot, whoever wrote them; a file
+in its directory that no commit names is not part of it. Work is divided by hashing a stable
+name, never by position in a listing, so that readers that list at different moments still agree
+on who reads what.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from pipeline.dataset.delta import Table
+from pipeline.dataset.location import Location
 from pipeline.format import layout
 
 _PARTITIONING = ds.partitioning(pa.schema([(layout.PARTITION_KEY, pa.string())]), flavor="hive")
@@ -42,19 +44,9 @@ class Part:
         return self.count == 1 or zlib.crc32(key.encode()) % self.count == self.index
 
 
-def list_shards(filesystem: pafs.FileSystem, root: str, table: str = layout.STEPS) -> list[str]:
-    """Committed shard paths of a table, oldest partition first, then by name."""
-    selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
-    found = []
-    for info in filesystem.get_file_info(selector):
-        name = info.base_name
-        if info.type != pafs.FileType.File or not name.endswith(".parquet"):
-            continue
-        relative = info.path[len(root) + len(table) + 2 :]
-        if any(piece.startswith((".", "_")) for piece in relative.split("/")):
-            continue
-        found.append(info.path)
-    return sorted(found)
+def list_shards(location: Location, table: str = layout.STEPS) -> list[str]:
+    """Filesystem paths of a table's committed shards, oldest partition first, then by name."""
+    return [location.path(table, entry.path) for entry in Table(location, table).files()]
 
 
 def open_dataset(

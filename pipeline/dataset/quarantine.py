@@ -2,9 +2,10 @@
 
 ``DIR/_quarantine/<stamp>/`` holds each damaged file at its path relative to ``DIR`` and a
 ``report.json`` naming, for each, what is wrong and which rows went with it. Readers never look
-there (discovery lists only ``steps/`` and ``episodes/``), and nothing in it is deleted by rlpipe.
-``recover`` moves damaged log segments there on its own (after committing their sound records);
-:func:`repair` (``rlpipe inspect --repair``) moves damaged shards and a damaged manifest.
+there, and nothing in it is deleted by rlpipe. ``recover`` moves damaged log segments there on its
+own (after committing their sound records); :func:`repair` (``rlpipe inspect --repair``) moves
+damaged shards and a damaged manifest, then commits the shards' removal from their Delta table
+(Delta's FSCK), so readers go on without them. Repair works on a local dataset.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.dataset import discovery
 from pipeline.dataset.damage import READ_ERRORS, shard_problem
+from pipeline.dataset.delta import Table
+from pipeline.dataset.location import Location, locate
 from pipeline.dataset.recovery import pending_segments, recover
 from pipeline.dataset.wal import fsync_path
 from pipeline.errors import DamagedFileError, DatasetError, FormatVersionError
@@ -72,46 +74,52 @@ def repair(path: str | Path) -> dict[str, Any]:
     Raises:
         DatasetError: no manifest and no sound step shard to rebuild it from.
     """
-    root = str(Path(path).resolve())
+    location = locate(path)
+    if not location.local:
+        raise DatasetError(f"{location.uri}: --repair works on a local dataset; copy it here first")
+    root = location.root
     quarantine = Quarantine(root)
     manifest = _repair_manifest(root, quarantine)
-    recovered = [item for item in recover(root) if item.problems]
-    for found in find_damaged(root, manifest):
+    recovered = [item for item in recover(location) if item.problems]
+    moved = set()
+    for found in find_damaged(location, manifest):
         shard = Path(root, found["file"])
         if shard.suffix == ".parquet":  # segments of live writers stay theirs
             quarantine.move(shard, found["problem"], shard_loss(str(shard), found["table"]))
+            moved.add(found["table"])
+    for table in sorted(moved):
+        Table(location, table).forget_missing()
     step_schema = schema.step_schema(manifest.observation_space, manifest.action_space)
     return {
         "path": root,
         "quarantined": quarantine.entries + [entry for item in recovered for entry in item.entries],
         "folder": str(quarantine.folder) if quarantine.folder else None,
-        "episodes_missing_steps": missing_steps(root, step_schema),
+        "episodes_missing_steps": missing_steps(location, step_schema),
     }
 
 
-def find_damaged(
-    root: str, manifest: Manifest, filesystem: pafs.FileSystem | None = None
-) -> list[dict[str, str]]:
+def find_damaged(location: Location, manifest: Manifest) -> list[dict[str, str]]:
     """Every damaged shard (read whole, page checksums checked) and log segment of a dataset:
-    its path relative to ``root``, its table, and what is wrong."""
-    filesystem = filesystem or pafs.LocalFileSystem()
+    its path relative to the dataset (a segment's: to its state directory), its table, and
+    what is wrong."""
+    filesystem, root = location.filesystem, location.root
     step_schema = schema.step_schema(manifest.observation_space, manifest.action_space)
     found = []
     for table, table_schema in (
         (layout.STEPS, step_schema),
         (layout.EPISODES, schema.EPISODE_SCHEMA),
     ):
-        for shard in discovery.list_shards(filesystem, root, table):
+        for shard in discovery.list_shards(location, table):
             problem = shard_problem(filesystem, shard, table_schema)
             if problem is not None:
                 found.append({"file": shard[len(root) + 1 :], "table": table, "problem": problem})
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        for segment in pending_segments(root):
+    if location.state_dir.is_dir():
+        for segment in pending_segments(location):
             problem = _segment_problem(segment)
             if problem is not None:
                 found.append(
                     {
-                        "file": str(segment.relative_to(root)),
+                        "file": str(segment.relative_to(location.state_dir)),
                         "table": segment.name.split("-")[0],
                         "problem": problem,
                     }
@@ -178,12 +186,12 @@ def _ids(rows: pa.Table) -> tuple[list[str], list[str]]:
     return rows.column("episode_id").to_pylist(), rows.column("agent_id").to_pylist()
 
 
-def missing_steps(root: str, step_schema: pa.Schema) -> list[dict[str, Any]]:
+def missing_steps(location: Location, step_schema: pa.Schema) -> list[dict[str, Any]]:
     """Episodes the episodes table records as longer than the step rows that remain of them,
     with the ``t`` ranges missing (episodes without a summary row cannot be checked so)."""
-    filesystem = pafs.LocalFileSystem()
-    summaries = discovery.list_shards(filesystem, root, layout.EPISODES)
-    steps = discovery.list_shards(filesystem, root, layout.STEPS)
+    filesystem, root = location.filesystem, location.root
+    summaries = discovery.list_shards(location, layout.EPISODES)
+    steps = discovery.list_shards(location, layout.STEPS)
     if not summaries:
         return []
     ended = discovery.open_dataset(
@@ -238,14 +246,15 @@ def _repair_manifest(root: str, quarantine: Quarantine) -> Manifest:
             "spaces the step shards record; env_id and created_at are not in them (null, now)",
         },
     )
-    return open_manifest(root, rebuilt.observation_space, rebuilt.action_space, rebuilt.env_id)
+    return open_manifest(
+        locate(root), rebuilt.observation_space, rebuilt.action_space, rebuilt.env_id
+    )
 
 
 def _manifest_from_shards(root: str) -> Manifest:
     from pipeline.format import spaces
 
-    filesystem = pafs.LocalFileSystem()
-    for shard in discovery.list_shards(filesystem, root, layout.STEPS):
+    for shard in discovery.list_shards(locate(root), layout.STEPS):
         try:
             meta = pq.read_schema(shard).metadata or {}
             return Manifest(

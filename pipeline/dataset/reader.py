@@ -1,10 +1,12 @@
 """The InputReader: one reader for live and historic step tables.
 
-It streams committed shards through ``pyarrow.dataset`` (projection and filters pushed down to the
-files), and yields :class:`~pipeline.dataset.batch.Batch` objects in one of three shapes: sequential
-transitions, seeded shuffled transitions, or whole episodes. With ``follow=True`` it keeps
-listing the dataset and reads each newly committed shard once, which is exactly-once delivery
-because shards are immutable and appear atomically. It splits work across DataLoader workers and
+It reads the files of the step table's Delta snapshot (a pinned ``version``, or the latest)
+through ``pyarrow.dataset`` (projection and filters pushed down to the files), and yields
+:class:`~pipeline.dataset.batch.Batch` objects in one of three shapes: sequential transitions,
+seeded shuffled transitions, or whole episodes. With ``follow=True`` it keeps polling the table's
+log and reads the files each later data-changing commit adds, once: exactly-once delivery, because
+files are immutable and a commit is atomic, and a compaction (a commit that only rearranges rows,
+``dataChange`` false) adds nothing to read. It splits work across DataLoader workers and
 distributed ranks by hashing row-group names, so no two readers read the same row.
 """
 
@@ -27,6 +29,8 @@ import pyarrow.dataset as ds
 from pipeline.dataset import damage, decoding, discovery
 from pipeline.dataset.assembly import EpisodeAssembler
 from pipeline.dataset.batch import COLUMN_OF_FIELD, Batch
+from pipeline.dataset.delta import Snapshot, Table, restore
+from pipeline.dataset.location import locate
 from pipeline.errors import ConfigError, DatasetError
 from pipeline.format import layout, schema
 from pipeline.format.manifest import read_manifest
@@ -52,6 +56,9 @@ class ReaderConfig:
         skip_shards: shards not to read, as paths under the dataset root
             (``steps/date=.../part-....parquet``, as :attr:`InputReader.shards_read` gives them):
             a follower resumes after the shards an earlier one read.
+        version: read the step table as it was at this Delta version (with ``follow``, then
+            follow on from it); None reads the latest. :attr:`InputReader.version` says which
+            version a pass read.
         rank, world_size: this process's share in distributed training.
         device: yield torch batches on this device (``"cpu"``, ``"cuda:0"``), converted once per
             scanned chunk or shuffle buffer and sliced per batch: several times cheaper than
@@ -76,6 +83,7 @@ class ReaderConfig:
     client_ids: tuple[str, ...] | None = None
     agent_ids: tuple[str, ...] | None = None
     skip_shards: tuple[str, ...] = ()
+    version: int | None = None
     rank: int = 0
     world_size: int = 1
     device: str | None = None
@@ -84,6 +92,8 @@ class ReaderConfig:
         for name in ("batch_size", "shuffle_buffer", "world_size"):
             _check_int(name, getattr(self, name), 1)
         _check_int("rank", self.rank, 0)
+        if self.version is not None:
+            _check_int("version", self.version, 0)
         if self.device is not None and not isinstance(self.device, str):
             raise ConfigError("ReaderConfig", "device", "a torch device name or None", self.device)
         if self.rank >= self.world_size:
@@ -106,9 +116,11 @@ class InputReader:
     """Streams a dataset's step table as batches: ``InputReader(path, batch_size=256)``.
 
     Args:
-        path: dataset directory or URI (``s3://...`` works for reading).
+        path: the dataset: a local directory or a URI (``s3://bucket/prefix``, ``gs://...``).
         config: a ReaderConfig; or give its fields as keyword arguments instead.
         filter: an extra ``pyarrow.dataset`` expression, ANDed with the config's filters.
+        storage_options: endpoint and credentials for a URI (deltalake's keys, such as
+            ``AWS_ENDPOINT_URL``); they override the environment's.
     """
 
     def __init__(
@@ -117,6 +129,7 @@ class InputReader:
         config: ReaderConfig | None = None,
         *,
         filter: ds.Expression | None = None,
+        storage_options: dict[str, str] | None = None,
         **options: Any,
     ) -> None:
         if config is not None and options:
@@ -124,8 +137,9 @@ class InputReader:
                 "InputReader", "options", "a config or keyword options, not both", options
             )
         self.config = config or ReaderConfig(**options)
-        self.filesystem, self.root = layout.resolve(path)
-        self.manifest = read_manifest(path)
+        self.location = locate(path, storage_options)
+        self.filesystem, self.root = self.location.filesystem, self.location.root
+        self.manifest = read_manifest(self.location)
         self.observation_space = self.manifest.observation_space
         self.action_space = self.manifest.action_space
         self.schema = schema.step_schema(self.observation_space, self.action_space)
@@ -134,6 +148,10 @@ class InputReader:
         self._epoch = 0
         self._stream: Iterator[Batch] | None = None
         self._seen: set[str] = set()
+        # the step table as of now (or ``version``): deltalake runs here, where the reader is
+        # made, and passes go on from it by reading the log (see delta.Snapshot)
+        self._snapshot = Snapshot(Table(self.location, layout.STEPS, self.config.version))
+        self.version: int | None = self._snapshot.version  # the version the last look read
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass (an epoch); a new ``iter`` starts the next epoch with a fresh shuffle."""
@@ -185,11 +203,12 @@ class InputReader:
         Between two batches of a follow, every row of these shards has been yielded (a look's new
         shards come out as one batch when ``batch_size`` exceeds their rows): a follower's read
         position, which ``skip_shards`` resumes from."""
-        cut = len(self.root) + 1
-        return frozenset(path[cut:] for path in self._seen)
+        return frozenset(self._seen)
 
     def to_batch(self, data: pa.RecordBatch | pa.Table) -> Batch:
-        """Arrow rows of this dataset's step table as a Batch (see ``decoding.to_batch``)."""
+        """Arrow rows of this dataset's step table, in its own or its storage types (as a Parquet
+        file of the table holds them), as a Batch (see ``decoding.to_batch``)."""
+        data = restore(data, self.schema)
         return decoding.to_batch(data, self.observation_space, self.action_space)
 
     def _convert(self, data: pa.RecordBatch | pa.Table) -> Batch:
@@ -223,22 +242,24 @@ class InputReader:
         self, part: discovery.Part, rng: np.random.Generator
     ) -> Iterator[pa.RecordBatch | None]:
         """Record batches of newly committed shards; in follow mode, a None when caught up."""
-        seen = self._seen = {f"{self.root}/{path}" for path in self.config.skip_shards}
+        seen = self._seen = set(self.config.skip_shards)
+        snapshot = self._snapshot
+        if self.config.version is None:
+            snapshot.advance()
+        files = snapshot.paths()
         idle_since = time.monotonic()
         while True:
-            paths = [
-                path
-                for path in discovery.list_shards(self.filesystem, self.root)
-                if path not in seen
-            ]
+            self.version = snapshot.version
+            paths = [path for path in (f"{layout.STEPS}/{f}" for f in files) if path not in seen]
             if paths:
                 seen.update(paths)
                 idle_since = time.monotonic()
-                yield from self._scan(paths, part, rng)
+                yield from self._scan([self.location.path(p) for p in paths], part, rng)
             if not self.config.follow:
                 return
             yield _CAUGHT_UP
-            if paths:  # shards came in while the consumer used these: look again at once
+            files = snapshot.advance()
+            if paths or files:  # shards came in while the consumer used these: read them now
                 continue
             timeout = self.config.timeout_s
             if timeout is not None and time.monotonic() - idle_since > timeout:

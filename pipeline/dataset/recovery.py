@@ -3,8 +3,11 @@
 A writer holds an exclusive ``flock`` on ``_wal/<writer>/LOCK`` for as long as it lives; the kernel
 drops it when the process dies, however it dies. So a log directory whose lock can be taken belongs
 to a dead writer, and its segments hold acknowledged rows that never became shards. Each segment is
-committed under the dead writer's own id and sequence number, which makes recovery idempotent: a
-segment whose shard already exists (the writer died between rename and delete) is just deleted.
+committed under the dead writer's own id and sequence number, the app transaction of its Delta
+commit (one per kind of segment: ``layout.app_id``), which makes recovery idempotent: a segment
+whose number the table's transaction version for that writer already reaches (the writer died between commit and delete) is just deleted, and
+one whose file was written but never committed (a kill in between) is written and committed once.
+The log lives in the dataset's local state directory (:class:`Location.state_dir`).
 """
 
 from __future__ import annotations
@@ -18,12 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from pipeline.dataset import rowlog
+from pipeline.dataset.delta import Table
+from pipeline.dataset.location import Location, locate
 from pipeline.dataset.records import LogRead
-from pipeline.dataset.shard import find_shard, first_date, write_shard
+from pipeline.dataset.shard import first_date, write_shard
 from pipeline.dataset.wal import read_segment
 from pipeline.errors import RlpipeWarning
-from pipeline.format import layout
+from pipeline.format import layout, schema
+from pipeline.format.manifest import read_manifest
 
 _RECOVERY_ROW_GROUP = 131_072
 _STAGING_GRACE_S = 60.0
@@ -42,10 +50,14 @@ class Recovered:
     entries: tuple[dict[str, Any], ...] = ()
 
 
-def recover(path: str | Path) -> list[Recovered]:
+def recover(
+    path: str | Path | Location,
+    storage_options: dict[str, str] | None = None,
+    state_dir: str | Path | None = None,
+) -> list[Recovered]:
     """Commit the logs of every dead writer of a dataset; live writers' logs are left alone."""
-    root = str(Path(path).resolve())
-    base = layout.wal_root(root)
+    location = locate(path, storage_options, state_dir)
+    base = layout.wal_root(location.state_dir)
     if not base.is_dir():
         return []
     recovered: list[Recovered] = []
@@ -53,13 +65,13 @@ def recover(path: str | Path) -> list[Recovered]:
         if directory.name.startswith(".") and _is_abandoned(directory):
             _remove_dir(directory)  # a writer that died before it finished claiming its log
         elif directory.is_dir() and not directory.name.startswith("."):
-            recovered += _recover_dir(root, directory)
+            recovered += _recover_dir(location, directory)
     return recovered
 
 
-def pending_segments(path: str | Path) -> list[Path]:
+def pending_segments(location: Location) -> list[Path]:
     """Log segments not yet committed (of live or dead writers); ``rlpipe inspect`` reports them."""
-    base = layout.wal_root(str(path))
+    base = layout.wal_root(location.state_dir)
     if not base.is_dir():
         return []
     return [
@@ -70,7 +82,7 @@ def pending_segments(path: str | Path) -> list[Path]:
     ]
 
 
-def _recover_dir(root: str, directory: Path) -> list[Recovered]:
+def _recover_dir(location: Location, directory: Path) -> list[Recovered]:
     lock = directory / layout.WAL_LOCK
     try:
         fd = os.open(lock, os.O_RDWR)
@@ -83,38 +95,50 @@ def _recover_dir(root: str, directory: Path) -> list[Recovered]:
         return []  # its writer is alive
     try:
         writer_id = directory.name
+        tables = {name: Table(location, name) for name in layout.TABLES}
         recovered = [
-            _recover_segment(root, writer_id, segment) for segment in layout.segments(directory)
+            _recover_segment(location, tables, writer_id, segment)
+            for segment in layout.segments(directory)
         ]
-        _remove_stale_tmp(root, writer_id)
         _remove_dir(directory)
         return [item for item in recovered if item is not None]
     finally:
         os.close(fd)
 
 
-def _recover_segment(root: str, writer_id: str, segment: Path) -> Recovered | None:
+def _recover_segment(
+    location: Location, tables: dict[str, Table], writer_id: str, segment: Path
+) -> Recovered | None:
     parsed = layout.parse_segment_name(segment.name)
     if parsed is None:
         return None
     table, seq = parsed
-    if find_shard(root, table, writer_id, seq) is not None:
+    app = layout.app_id(writer_id, segment.suffix)
+    committed = tables[table].committed_seq(app)
+    if committed is not None and committed >= seq:
         segment.unlink()
         return None
     found = rowlog.read_rows(segment) if segment.suffix == ".rows" else read_segment(segment)
     batches = [batch for batch in found.batches if batch.num_rows]
     rows = sum(batch.num_rows for batch in batches)
     if rows:
-        write_shard(
-            root, table, writer_id, seq, first_date(batches[0]), batches, _RECOVERY_ROW_GROUP
-        )
+        date = first_date(batches[0])
+        _, action = write_shard(location, table, writer_id, seq, date, batches, _RECOVERY_ROW_GROUP)
+        tables[table].commit(_table_schema(location, table), action, app, seq)
     if found.problems:  # its sound records are committed; the file is kept for whoever looks
-        return _quarantined(root, writer_id, segment, found, rows)
+        return _quarantined(location.state_dir, writer_id, segment, found, rows)
     segment.unlink()
     return Recovered(writer_id, table, seq, rows) if rows else None
 
 
-def _quarantined(root: str, writer_id: str, segment: Path, found: LogRead, rows: int) -> Recovered:
+def _table_schema(location: Location, table: str) -> pa.Schema:
+    if table == layout.EPISODES:
+        return schema.EPISODE_SCHEMA
+    manifest = read_manifest(location)
+    return schema.step_schema(manifest.observation_space, manifest.action_space)
+
+
+def _quarantined(root: Path, writer_id: str, segment: Path, found: LogRead, rows: int) -> Recovered:
     """Move a damaged segment into quarantine, and warn with the file and what is wrong."""
     from pipeline.dataset.quarantine import Quarantine
 
@@ -129,12 +153,6 @@ def _quarantined(root: str, writer_id: str, segment: Path, found: LogRead, rows:
     )
     table, seq = layout.parse_segment_name(segment.name) or ("", 0)
     return Recovered(writer_id, table, seq, rows, tuple(found.problems), (entry,))
-
-
-def _remove_stale_tmp(root: str, writer_id: str) -> None:
-    for table in layout.TABLES:
-        for tmp in Path(root, table).glob(f"{layout.PARTITION_KEY}=*/.part-{writer_id}-*.tmp"):
-            tmp.unlink(missing_ok=True)
 
 
 def _is_abandoned(directory: Path) -> bool:

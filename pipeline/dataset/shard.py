@@ -2,9 +2,9 @@
 
 Encoding, measured on CartPole rows: zstd, dictionary encoding only on non-float leaves, and
 BYTE_STREAM_SPLIT on float leaves give about 27-31 bytes per step against 39-48 with pyarrow's
-defaults, and write several times faster. A shard is written under a dot-name that dataset
-discovery skips, fsynced, then renamed into place, so readers see whole files or nothing; a write
-that fails (a full disk) removes its temporary file.
+defaults, and write several times faster. A shard is written at its final path and fsynced; it
+becomes visible only when a Delta commit names it (:mod:`pipeline.dataset.delta`), so readers see
+whole files or nothing; a write that fails (a full disk) removes its file.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import contextlib
 import functools
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from deltalake.transaction import AddAction
 
+from pipeline.dataset.delta import add_action, storage_schema
+from pipeline.dataset.location import Location
 from pipeline.dataset.wal import fsync_path
 from pipeline.format import layout
 
@@ -30,7 +31,7 @@ def leaf_paths(field: pa.Field, prefix: str = "") -> Iterator[tuple[str, pa.Data
     if pa.types.is_struct(kind):
         for index in range(kind.num_fields):
             yield from leaf_paths(kind.field(index), f"{path}.")
-    elif pa.types.is_fixed_size_list(kind):  # the only list type of the format
+    elif pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind):  # stored as lists
         yield from leaf_paths(pa.field("element", kind.value_type), f"{path}.list.")
     else:
         yield path, kind
@@ -58,42 +59,43 @@ def parquet_options(schema: pa.Schema) -> dict[str, object]:
 
 
 def write_shard(
-    root: str,
+    location: Location,
     table: str,
     writer_id: str,
     seq: int,
     date: str,
     batches: Sequence[pa.RecordBatch],
     row_group_rows: int,
-    filesystem: pafs.FileSystem | None = None,
-) -> str:
-    """Commit ``batches`` as one shard; returns its path. Idempotent for a given (writer, seq)."""
-    filesystem = filesystem or pafs.LocalFileSystem()
-    directory = layout.partition_dir(root, table, date)
-    name = layout.shard_name(writer_id, seq)
-    final = f"{directory}/{name}"
-    tmp = f"{directory}/.{name}.tmp"
-    filesystem.create_dir(directory, recursive=True)
+) -> tuple[str, AddAction]:
+    """Write ``batches`` as the shard of (writer, seq) at its final path, in storage types;
+    returns its path under the table and the Add action that commits it. Until a commit names
+    it, no Delta reader sees the file; writing it again (recovery) replaces it whole."""
+    filesystem = location.filesystem
+    relative = f"{layout.PARTITION_KEY}={date}/{layout.shard_name(writer_id, seq)}"
+    directory = location.path(table, f"{layout.PARTITION_KEY}={date}")
+    final = location.path(table, relative)
+    local = location.local
     data = pa.Table.from_batches(list(batches))
-    local = isinstance(filesystem, pafs.LocalFileSystem)
+    data = data.cast(storage_schema(data.schema))
+    if local:
+        filesystem.create_dir(directory, recursive=True)
     try:
-        sink = filesystem.open_output_stream(tmp)
+        sink = filesystem.open_output_stream(final)
         try:
             with pq.ParquetWriter(sink, data.schema, **parquet_options(data.schema)) as writer:
                 writer.write_table(data, row_group_size=row_group_rows)
         finally:
             sink.close()
         if local:
-            fsync_path(tmp)
+            fsync_path(final)
+            fsync_path(directory)
+            fsync_path(location.path(table))  # a partition directory made for this shard
     except BaseException:  # a full disk, say: no half-written file is left behind
         with contextlib.suppress(OSError):
-            filesystem.delete_file(tmp)
+            filesystem.delete_file(final)
         raise
-    filesystem.move(tmp, final)
-    if local:
-        fsync_path(directory)
-        fsync_path(f"{root}/{table}")  # a partition directory made for this shard
-    return final
+    size = filesystem.get_file_info(final).size or 0
+    return relative, add_action(relative, size, date, writer.writer.metadata)
 
 
 def first_date(batch: pa.RecordBatch) -> str:
@@ -109,11 +111,3 @@ def date_of(microseconds: int) -> str:
 @functools.lru_cache(maxsize=16)
 def _date_of_day(day: int) -> str:  # strftime costs ~20 us of a step's CPU; a day has one date
     return time.strftime("%Y-%m-%d", time.gmtime(day * 86_400))
-
-
-def find_shard(root: str, table: str, writer_id: str, seq: int) -> Path | None:
-    """The committed shard of (writer, seq) in any date partition, if one exists (local only)."""
-    name = layout.shard_name(writer_id, seq)
-    for found in Path(root, table).glob(f"{layout.PARTITION_KEY}=*/{name}"):
-        return found
-    return None

@@ -4,8 +4,10 @@ Durability contract: once ``append`` returns, its rows survive a ``kill -9``; re
 partial file; reopening the dataset recovers every acknowledged row and drops torn tails; many
 writer processes can share one directory because each names its files with its own writer id. An
 append is validated, written to the write-ahead log (:mod:`pipeline.dataset.wal`) and fsynced; a
-background thread rolls the log segment into a Parquet shard, renames it into place, then deletes
-the segment.
+background thread rolls the log segment into a Parquet shard, commits it to the table's Delta log
+(:mod:`pipeline.dataset.delta`) under the app transaction (writer id, shard number), then deletes
+the segment. The dataset may be a local path or a URI (``s3://bucket/prefix``); the log stays on
+local disk (the dataset's own directory, or :attr:`Location.state_dir` for a remote one).
 
 A disk that refuses a write (full, over quota, an I/O error) never stops the writer for good
 (:mod:`pipeline.dataset.storage`): the append raises :class:`~pipeline.errors.StorageError`,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import queue
 import secrets
 import threading
@@ -29,6 +32,8 @@ import gymnasium as gym
 import pyarrow as pa
 
 from pipeline.dataset import rowlog, storage
+from pipeline.dataset.delta import Table
+from pipeline.dataset.location import locate
 from pipeline.dataset.recovery import recover
 from pipeline.dataset.shard import date_of, first_date, write_shard
 from pipeline.dataset.wal import Segment, claim_log_dir, release_log_dir
@@ -80,6 +85,9 @@ class WriterConfig:
 
 
 SYNC_MODES = ("always", "background")
+# A test hook: with this variable set, the writer kills its own process (SIGKILL) right after
+# writing a shard's file and before committing it, the moment recovery must commit exactly once.
+KILL_AFTER_SHARD_WRITE = "RLPIPE_TEST_KILL_AFTER_SHARD_WRITE"
 
 
 # Appends of at most this many rows go to the log as a JSON line when their table fits one: past a
@@ -129,11 +137,15 @@ class DatasetWriter:
     """Appends steps and episodes to a dataset directory, durably.
 
     Args:
-        path: the dataset directory (local: the log needs fsync and file locks).
+        path: the dataset: a local directory or a URI (``s3://bucket/prefix``, ``gs://...``).
         observation_space: required when creating a dataset; checked against the manifest otherwise.
         action_space: as ``observation_space``.
         env_id: the gymnasium id, recorded so replay and evaluation can rebuild the env.
         config: when shards roll.
+        storage_options: endpoint and credentials for a URI (deltalake's keys, such as
+            ``AWS_ENDPOINT_URL``); they override the environment's.
+        state_dir: the local directory of the log for a remote dataset (default
+            ``$XDG_STATE_HOME/rlpipe/<hash of the URI>``).
     """
 
     def __init__(
@@ -144,16 +156,24 @@ class DatasetWriter:
         *,
         env_id: str | None = None,
         config: WriterConfig | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        state_dir: str | Path | None = None,
     ) -> None:
-        self.root = str(Path(path).resolve())
+        self.location = locate(
+            Path(path).resolve() if "://" not in str(path) else path, storage_options, state_dir
+        )
+        self.root = self.location.uri
         self.config = config or WriterConfig()
-        self.manifest = open_manifest(self.root, observation_space, action_space, env_id)
+        self.manifest = open_manifest(self.location, observation_space, action_space, env_id)
         step_schema = schema.step_schema(
             self.manifest.observation_space, self.manifest.action_space
         )
         self.writer_id = secrets.token_hex(6)
-        self.recovered = recover(self.root)
-        self._lock_fd, wal_dir = claim_log_dir(layout.wal_root(self.root), self.writer_id)
+        self.recovered = recover(self.location)
+        self._lock_fd, wal_dir = claim_log_dir(
+            layout.wal_root(self.location.state_dir), self.writer_id
+        )
+        self._delta = {name: Table(self.location, name) for name in layout.TABLES}
         schemas = {layout.STEPS: step_schema, layout.EPISODES: schema.EPISODE_SCHEMA}
         seqs = {name: itertools.count() for name in schemas}
         self._tables = {  # (name, lines): an Arrow segment per table, and lines where they fit
@@ -340,9 +360,9 @@ class DatasetWriter:
     def _commit_loop(self) -> None:
         while (item := self._pending.get()) is not None:
             try:
-                if self._failure is None:
+                if self._failure is None and not self._abandoned:  # in order, or not at all
                     commit = functools.partial(self._commit, *item)
-                    folder = f"{self.root}/{item[0].name}"
+                    folder = self.location.table_uri(item[0].name)
                     self._abandoned |= not storage.commit_retrying(
                         commit, self.disk, folder, self._closing
                     )
@@ -355,8 +375,8 @@ class DatasetWriter:
     def _commit(self, table: _Table, segment: Segment, date: str) -> None:
         if segment.rows:
             started = time.perf_counter()
-            write_shard(
-                self.root,
+            _, action = write_shard(
+                self.location,
                 table.name,
                 self.writer_id,
                 segment.seq,
@@ -364,6 +384,10 @@ class DatasetWriter:
                 segment.batches,
                 self.config.row_group_rows,
             )
+            if os.environ.get(KILL_AFTER_SHARD_WRITE):  # tests: die between file and commit
+                os.kill(os.getpid(), 9)
+            app = layout.app_id(self.writer_id, segment.path.suffix)
+            self._delta[table.name].commit(table.schema, action, app, segment.seq)
             self.shards_committed += 1
             self.last_commit_seconds = time.perf_counter() - started
         segment.path.unlink()

@@ -1,31 +1,32 @@
-"""Where things live in a dataset directory, and which format version this code writes.
+"""Where things live in a dataset, and which format version this code writes.
 
-Every path rule of the on-disk format is here and nowhere else (``docs/format.md`` is the prose
-version). A dataset looks like::
+Every path rule of the format is here and nowhere else (``docs/format.md`` is the prose
+version). A dataset (a local directory, or a prefix of a bucket) looks like::
 
     DATASET/
       manifest.json                                  format version, spaces, env id
+      steps/_delta_log/<version>.json                the step table's Delta log
       steps/date=2026-11-22/part-<writer>-<seq>.parquet
+      episodes/_delta_log/...                        the episodes table, the same way
       episodes/date=2026-11-22/part-<writer>-<seq>.parquet
+
+and a writer's local state directory (the dataset itself when it is local)::
+
       _wal/<writer>/<table>-<seq>.arrows             write-ahead log of uncommitted rows
       _wal/<writer>/<table>-<seq>.rows               the same, as JSON lines (server steps)
       _quarantine/<stamp>/...                        damaged files moved aside, and report.json
       _journal/<writer>/journal-<n>.jsonl            a server's open episodes (server.journal)
 
-Names starting with ``_`` or ``.`` are invisible to ``pyarrow.dataset`` discovery, which is how
-readers never see the log or a shard still being written.
+A data file is part of a table when a commit of its Delta log names it, and only then.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
-import pyarrow.fs as pafs
-
 FORMAT_NAME = "rlpipe"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 MANIFEST = "manifest.json"
 STEPS = "steps"
@@ -52,8 +53,12 @@ def shard_name(writer_id: str, seq: int) -> str:
     return f"part-{writer_id}-{seq:08d}.parquet"
 
 
-def partition_dir(root: str, table: str, date: str) -> str:
-    return f"{root}/{table}/{PARTITION_KEY}={date}"
+def app_id(writer_id: str, segment: str) -> str:
+    """The Delta app transaction id under which a writer commits the shards of one kind of log
+    segment (``arrows`` or ``rows``, a segment name's suffix). A table's two kinds take numbers
+    from one counter but roll independently, so only within a kind do commits come in order,
+    which is what the transaction version (the highest number committed) needs."""
+    return f"{writer_id}.{segment.lstrip('.')}"
 
 
 def segment_name(table: str, seq: int, rows: bool = False) -> str:
@@ -71,15 +76,6 @@ def segments(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*") if parse_segment_name(p.name))
 
 
-def wal_root(root: str) -> Path:
+def wal_root(state_dir: str | Path) -> Path:
     """The log lives on local disk only: it needs fsync and file locks, which object stores lack."""
-    return Path(root) / WAL
-
-
-def resolve(path: str | Path) -> tuple[pafs.FileSystem, str]:
-    """A filesystem and a path inside it, for a local path or a URI such as ``s3://bucket/ds``."""
-    text = str(path)
-    if "://" in text:
-        filesystem, inner = pafs.FileSystem.from_uri(text)
-        return filesystem, inner.rstrip("/")
-    return pafs.LocalFileSystem(), os.path.abspath(text)  # links kept: errors name what was given
+    return Path(state_dir) / WAL

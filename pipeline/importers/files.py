@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from pipeline.dataset.location import locate
 from pipeline.errors import DatasetError
-from pipeline.format import layout
 
 _MAGIC = re.compile(r"[*?[]")
 
@@ -30,7 +30,8 @@ def data_files(src: str | Path) -> tuple[pafs.FileSystem, list[str]]:
     Raises:
         DatasetError: when nothing is there, the directory is empty or the pattern matches nothing.
     """
-    filesystem, root = layout.resolve(src)
+    location = locate(src)
+    filesystem, root = location.filesystem, location.root
     if _MAGIC.search(root):
         return filesystem, _glob(filesystem, root, src)
     info = filesystem.get_file_info(root)
