@@ -5,8 +5,9 @@ drops it when the process dies, however it dies. So a log directory whose lock c
 to a dead writer, and its segments hold acknowledged rows that never became shards. Each segment is
 committed under the dead writer's own id and sequence number, the app transaction of its Delta
 commit (one per kind of segment: ``layout.app_id``), which makes recovery idempotent: a segment
-whose number the table's transaction version for that writer already reaches (the writer died between commit and delete) is just deleted, and
-one whose file was written but never committed (a kill in between) is written and committed once.
+whose number the table's transaction version for that writer already reaches (the writer died
+between commit and delete) is just deleted, and one whose file was written but never committed
+(a kill in between) is written again and committed once.
 The log lives in the dataset's local state directory (:class:`Location.state_dir`).
 """
 
