@@ -4,7 +4,8 @@ rlpipe writes each shard itself (pyarrow, with the encodings of :mod:`pipeline.d
 and ``deltalake`` commits it: one Add action per shard, carrying an app transaction
 ``(writer id and log kind, shard number)`` (``layout.app_id``). A shard whose number is at most
 the recorded transaction version is committed already, which is what makes recovery commit a
-dead writer's shards exactly once. The first commit creates the table; writers that race to create it all end up appending.
+dead writer's shards exactly once. The first commit creates the table; writers that race to
+create it all end up appending.
 
 Delta has no fixed-size list, unsigned integer or half float, so columns are stored in the types
 of :func:`storage_type` (lists, wider signed integers, float32), and readers cast them back to the
