@@ -85,6 +85,8 @@ def check_format_version(
 ) -> None:
     if type(version) is int and version == expected:  # not True, not 1.0
         return
+    if expected != layout.FORMAT_VERSION:
+        raise FormatVersionError(f"{where}: format version {version!r}; expected {expected}")
     if expected == layout.FORMAT_VERSION and type(version) is int and version == 1:
         raise FormatVersionError(
             f"{where}: format version 1 (shards in directories, before the Delta tables of "
@@ -150,11 +152,7 @@ def open_manifest(
             raise DatasetError("give both observation_space and action_space, or neither")
         return read_manifest(location)
     step_schema(observation_space, action_space)  # refuse bad spaces before any file
-    manifest = Manifest(observation_space, action_space, env_id)
-    if location.local:
-        _create_local(location.root, manifest)
-    else:
-        _create_remote(location, manifest)
+    create_manifest(location, Manifest(observation_space, action_space, env_id))
     existing = read_manifest(location)
     root = location.uri
     ours = (observation_space, action_space, env_id)
@@ -165,6 +163,14 @@ def open_manifest(
             f"{observation_space}, {action_space}, env {env_id!r}. Write to a new directory."
         )
     return existing
+
+
+def create_manifest(location: Location, manifest: Manifest) -> None:
+    """Write ``manifest`` as the dataset's, unless it has one already."""
+    if location.local:
+        _create_local(location.root, manifest)
+    else:
+        _create_remote(location, manifest)
 
 
 def _create_local(root: str, manifest: Manifest) -> None:

@@ -11,20 +11,21 @@ from pipeline.errors import ConfigError, DatasetError
 if TYPE_CHECKING:
     from pipeline.importers.transitions import SourceSteps
 
-FORMATS = ("rllib-json", "rllib-jsonl", "rllib-parquet", "minari", "d4rl", "table")
+FORMATS = ("rllib-json", "rllib-jsonl", "rllib-parquet", "minari", "d4rl", "table", "rlpipe-v1")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "import",
-        help="import RLlib, Minari, D4RL or table data into a new dataset",
+        help="import RLlib, Minari, D4RL, table or rlpipe format-1 data into a new dataset",
         description=(
             "Import a recording into a new rlpipe dataset. FORMAT is one of: rllib-json (old "
             "SampleBatch JSON lines; a file, a directory, a glob pattern such as 'DIR/*.json' as "
             "RLlib's JsonReader takes, or a zip), rllib-jsonl and rllib-parquet (Ray Data output "
             "directories), minari (a Minari dataset directory or its main_data.hdf5), d4rl (an "
-            "HDF5 file), table (CSV or Parquet). Every file of a source must hold the same "
-            "columns."
+            "HDF5 file), table (CSV or Parquet), rlpipe-v1 (an rlpipe dataset of format version 1, "
+            "converted into today's format with its rows, spaces and checkpoints). Every file of "
+            "a source must hold the same columns."
         ),
     )
     parser.add_argument("format", choices=FORMATS, metavar="FORMAT", help=", ".join(FORMATS))
@@ -68,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
         shown = " ".join(args.src[:3]) + (" ..." if len(args.src) > 3 else "")
         expected = "one file, directory or glob pattern (quote a pattern, 'DIR/*.json', or the "
         raise ConfigError("import", "src", expected + "shell expands it)", shown)
+    if args.format == "rlpipe-v1":
+        from pipeline.importers.rlpipe_v1 import convert
+
+        print(convert(args.src[0], args.dir).describe())
+        return 0
     steps, env_hint = _readers()[args.format](args.src[0])
     env_id = args.env_id or env_hint
     observation_space = action_space = None
