@@ -21,8 +21,8 @@ from pipeline.commands.cli import main
 from pipeline.dataset import discovery
 from pipeline.dataset.location import locate
 from pipeline.errors import FormatVersionError
-from pipeline.importers.rlpipe_v1 import convert
 from pipeline.format import layout, manifest, schema
+from pipeline.importers.rlpipe_v1 import convert
 
 DATASETS = Path(__file__).resolve().parents[1] / "datasets"
 SHIPPED = ("cartpole-expert", "cartpole-medium", "pendulum-expert", "pendulum-medium")
