@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from s3_fixtures import bucket, moto_endpoint  # noqa: F401  (fixtures of every test module)
 
 from pipeline import DatasetWriter, WriterConfig
 from pipeline.format import schema

@@ -1,5 +1,7 @@
 """A writer process for the durability tests: appends numbered batches (forever, or ``batches``
 of them), printing each acknowledgement after ``append`` returns, until it is killed or done.
+The dataset may be a URI (``s3://...``): endpoint and keys then come from the environment
+(``AWS_ENDPOINT_URL``, ...) and the log from ``$XDG_STATE_HOME``, as for any rlpipe process.
 
 ``form`` "columns" appends columns of up to 3,000 rows (mostly the Arrow log); "rows" appends
 rows a few at a time, made columns, with an episode summary each, as the server does (the log's

@@ -175,15 +175,20 @@ def _s3_defaults(options: dict[str, str]) -> dict[str, str]:
 
 def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
     endpoint = _option(options, "AWS_ENDPOINT_URL", "aws_endpoint", "endpoint_url", "endpoint")
+    access = _option(options, "AWS_ACCESS_KEY_ID", "access_key_id")
+    secret = _option(options, "AWS_SECRET_ACCESS_KEY", "secret_access_key")
     kwargs: dict[str, object] = {
         "region": _option(options, "AWS_REGION", "region") or _DEFAULT_REGION,
-        "access_key": _option(options, "AWS_ACCESS_KEY_ID", "access_key_id"),
-        "secret_key": _option(options, "AWS_SECRET_ACCESS_KEY", "secret_access_key"),
-        "session_token": _option(options, "AWS_SESSION_TOKEN", "session_token", "token"),
         "connect_timeout": 5.0,
         "request_timeout": 30.0,
         "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
     }
+    if access and secret:  # else pyarrow's own chain (profile, instance role) finds them
+        kwargs.update(
+            access_key=access,
+            secret_key=secret,
+            session_token=_option(options, "AWS_SESSION_TOKEN", "session_token", "token"),
+        )
     if endpoint:
         parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
         kwargs["endpoint_override"] = f"{parsed.netloc}{parsed.path}".rstrip("/")
@@ -200,7 +205,7 @@ def _is_secret(key: str) -> bool:
 _CAUSES = (
     (r"NoSuchBucket|bucket does not exist|bucket .* not found", "no such bucket"),
     (
-        r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|Forbidden|\b403\b|"
+        r"InvalidAccessKeyId|SignatureDoesNotMatch|Access.?Denied|Forbidden|\b403\b|"
         r"invalid.*credential|Unauthorized|\b401\b",
         "no permission (a wrong key or secret, or one without access to it)",
     ),
@@ -217,7 +222,7 @@ def storage_failure(location: Location, doing: str, error: BaseException) -> Dat
     bucket, no permission, an unreachable endpoint) in plain words; secrets blotted out."""
     text = " ".join(str(error).split())
     text = text.split(" 0: <unknown>")[0][:500]  # delta-rs appends a backtrace
-    cause = next((words for pattern, words in _CAUSES if re.search(pattern, text)), None)
+    cause = next((words for pattern, words in _CAUSES if re.search(pattern, text, re.I)), None)
     endpoint = _option(location.storage_options, "AWS_ENDPOINT_URL", "endpoint_url", "endpoint")
     where = location.uri + (f" (endpoint {endpoint})" if endpoint else "")
     message = f"{where}: {doing} failed: {cause + ': ' if cause else ''}{text}"
