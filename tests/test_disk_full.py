@@ -74,12 +74,13 @@ def fill(disk: Path, leave: int) -> Path:
 
 
 def stray_files(root: Path) -> list[str]:
-    """Files a reader might trip over: temporaries left in a table's folders."""
+    """Files a reader might trip over: temporaries left in a table's folders (the Delta log
+    aside)."""
     return [
         str(path.relative_to(root))
         for table in layout.TABLES
         for path in (root / table).rglob("*")
-        if path.is_file() and not path.name.endswith(".parquet")
+        if path.is_file() and not path.name.endswith(".parquet") and "_delta_log" not in path.parts
     ]
 
 

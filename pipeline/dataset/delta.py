@@ -15,6 +15,8 @@ step schema, whose field metadata keeps the shape and the space (``docs/format.m
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ from deltalake.transaction import (
 )
 
 from pipeline.dataset.location import Location, storage_failure
+from pipeline.errors import DatasetError
 from pipeline.format import layout
 
 _COMMIT_ATTEMPTS = 8  # a race to create the table, or a commit that lost to another writer's
@@ -180,10 +183,10 @@ class Table:
         schema = _delta_schema(table_schema)
         options = dict(self.location.storage_options) or None
         for attempt in range(_COMMIT_ATTEMPTS):
-            committed = self.committed_seq(app_id)
-            if committed is not None and committed >= seq:
-                return False
             try:
+                committed = self.committed_seq(app_id)
+                if committed is not None and committed >= seq:
+                    return False
                 if self._table is None:
                     create_table_with_add_actions(
                         self.uri,
@@ -203,13 +206,21 @@ class Table:
                         commit_properties=properties,
                     )
                 return True
-            except (CommitFailedError, DeltaError) as error:  # lost a race: look again
+            except (CommitFailedError, DeltaError, OSError, DatasetError) as error:
                 if attempt == _COMMIT_ATTEMPTS - 1 or not _is_race(error):
-                    raise storage_failure(
-                        self.location, f"committing to {self.name}", error
-                    ) from None
-                time.sleep(0.01 * 2**attempt)
+                    raise self._refused(error) from None
+                time.sleep(0.01 * 2**attempt)  # lost a race: look again
         return False  # not reached
+
+    def _refused(self, error: BaseException) -> OSError:
+        """A failed commit as an OSError, which the writer retries with a backoff as it retries
+        a full disk: with the OS's error number when deltalake names one (``os error 28``)."""
+        failure = str(storage_failure(self.location, f"committing to {self.name}", error))
+        code = re.search(r"\(os error (\d+)\)", str(error))
+        if code is None:
+            return OSError(failure)
+        number = int(code[1])
+        return OSError(number, os.strerror(number), self.uri)
 
     def _call(self, doing: str, method: Any, *args: Any) -> Any:
         try:
