@@ -172,3 +172,31 @@ def test_a_wrong_key_and_a_missing_bucket_are_named(bucket: Bucket, tmp_path: Pa
         assert bucket.uri() in str(caught.value) and SECRET not in str(caught.value)
     finally:
         requests.post(f"{bucket.endpoint}/moto-api/reset-auth", data=b"inf", timeout=5)
+
+
+def test_a_compaction_adds_nothing_for_a_follower(place: Location) -> None:
+    """deltalake's OPTIMIZE rewrites five files into one (``dataChange`` false): a follower that
+    read the five reads only what comes after, and a new reader reads the merged file whole."""
+    from deltalake import DeltaTable
+
+    rng = np.random.default_rng(1)
+    options = dict(place.storage_options)
+    writer = DatasetWriter(place.uri, *cartpole_spaces(), storage_options=options,
+                           state_dir=place.state_dir)  # fmt: skip
+    with writer:
+        for number in range(5):
+            writer.append(columns(f"a{number}", 100, rng))
+            writer.flush()
+        follower = opened(place, follow=True, timeout_s=0.5, poll_interval_s=0.05,
+                          batch_size=100_000)  # fmt: skip
+        batches = iter(follower)
+        first = next(batches)
+        table = DeltaTable(place.table_uri(layout.STEPS), storage_options=options)
+        assert table.optimize.compact()["numFilesRemoved"] == 5
+        for number in range(2):
+            writer.append(columns(f"b{number}", 50, rng))
+            writer.flush()
+    rest = list(batches)
+    assert keys([first, *rest]) == keys(list(opened(place, batch_size=100_000)))
+    assert len(first) == 500 and sum(len(b) for b in rest) == 100
+    assert len(discovery.list_shards(place)) == 3  # the merged file and the two after it
