@@ -140,6 +140,8 @@ def test_bc_trains_out_of_the_box_on_cartpole_expert(tmp_path: Path) -> None:
     assert found is not None and load_checkpoint(found).spec.algorithm == "bc"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["update"] == 300
+    (read,) = [json.loads(line) for line in (run / "reads.jsonl").read_text().splitlines()]
+    assert (read["rows"], read["data_version"]) == (25000, 0)  # the table as it was read
     learned = greedy_returns(NumpyPolicy(load_checkpoint(found)), range(1000, 1005))
     random = greedy_returns(None, range(1000, 1005))
     # a uniformly random policy lasts about 22 steps in CartPole

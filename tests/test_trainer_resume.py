@@ -181,6 +181,8 @@ def _check_each_row_read_once(run: dict[str, Any]) -> None:
     assert not set(read) & killed.shards  # none before the saved position
     assert set(read) | killed.shards == set(shards)  # none skipped after it
     assert sum(line["rows"] for line in resumed) == sum(shards[s] for s in read)
+    versions = [line["data_version"] for line in run["reads"]]
+    assert versions == sorted(versions) and all(v >= 0 for v in versions)  # the log read up to
     first_reads = {s for line in run["reads"] if line["pid"] == pids[0] for s in line["shards"]}
     assert killed.shards <= first_reads  # the position is what the killed process read
     # the final position: every shard but those read and not yet trained on (PPO's rows short

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from pipeline.dataset import rowlog
 from pipeline.dataset.delta import Table
 from pipeline.dataset.location import Location, locate
@@ -31,8 +29,7 @@ from pipeline.dataset.records import LogRead
 from pipeline.dataset.shard import first_date, write_shard
 from pipeline.dataset.wal import read_segment
 from pipeline.errors import RlpipeWarning
-from pipeline.format import layout, schema
-from pipeline.format.manifest import read_manifest
+from pipeline.format import layout
 
 _RECOVERY_ROW_GROUP = 131_072
 _STAGING_GRACE_S = 60.0
@@ -125,18 +122,12 @@ def _recover_segment(
     if rows:
         date = first_date(batches[0])
         _, action = write_shard(location, table, writer_id, seq, date, batches, _RECOVERY_ROW_GROUP)
-        tables[table].commit(_table_schema(location, table), action, app, seq)
+        # a segment holds the table's full schema (section 8 of docs/format.md)
+        tables[table].commit(batches[0].schema, action, app, seq)
     if found.problems:  # its sound records are committed; the file is kept for whoever looks
         return _quarantined(location.state_dir, writer_id, segment, found, rows)
     segment.unlink()
     return Recovered(writer_id, table, seq, rows) if rows else None
-
-
-def _table_schema(location: Location, table: str) -> pa.Schema:
-    if table == layout.EPISODES:
-        return schema.EPISODE_SCHEMA
-    manifest = read_manifest(location)
-    return schema.step_schema(manifest.observation_space, manifest.action_space)
 
 
 def _quarantined(root: Path, writer_id: str, segment: Path, found: LogRead, rows: int) -> Recovered:

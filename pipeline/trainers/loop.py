@@ -200,7 +200,7 @@ class _Run:
         )
         for batch in reader:
             delivered = reader.shards_read
-            self.log.read(sorted(delivered - self._delivered), len(batch))
+            self.log.read(sorted(delivered - self._delivered), len(batch), reader.version)
             self._delivered = delivered
             yield batch
 
@@ -217,6 +217,7 @@ def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict
     run = _Run(trainer, settings, log)
     reader = InputReader(settings.data, episodes=True, training_enabled=settings.training_enabled)
     data = Batch.concat(reader)
+    log.read(sorted(reader.shards_read), len(data), reader.version)
     if not len(data):
         which = "rows" if settings.include_untrained else "training_enabled rows"
         raise DatasetError(f"{settings.data}: no {which} to train on")
