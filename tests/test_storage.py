@@ -200,3 +200,35 @@ def test_a_compaction_adds_nothing_for_a_follower(place: Location) -> None:
     assert keys([first, *rest]) == keys(list(opened(place, batch_size=100_000)))
     assert len(first) == 500 and sum(len(b) for b in rest) == 100
     assert len(discovery.list_shards(place)) == 3  # the merged file and the two after it
+
+
+def test_commands_take_a_bucket_through_the_environment(
+    bucket: Bucket,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``rlpipe inspect`` and an offline ``rlpipe train`` read a dataset in a bucket, the
+    endpoint and keys coming from the standard environment variables; ``--follow`` refuses it
+    (online trainers publish policies into the dataset's local ``checkpoints/``)."""
+    import json
+
+    from conftest import cartpole_rollout
+
+    from pipeline.commands.cli import main
+
+    for name, value in bucket.options.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    with DatasetWriter(bucket.uri(), *cartpole_spaces(), env_id="CartPole-v1") as writer:
+        writer.append(cartpole_rollout(300))
+    assert main(["inspect", bucket.uri(), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["rows"], report["health"]["uncommitted"]) == (300, [])
+    run = tmp_path / "run"
+    train = ["train", "bc", "--data", bucket.uri(), "--max-updates", "3", "--run-dir", str(run)]
+    assert main(train) == 0
+    (read,) = [json.loads(line) for line in (run / "reads.jsonl").read_text().splitlines()]
+    assert (read["rows"], read["data_version"]) == (300, 0)
+    assert main(["train", "ppo", "--follow", "--data", bucket.uri(), "--max-updates", "1"]) == 2
+    assert "a local dataset with --follow" in capsys.readouterr().err

@@ -34,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     parser.add_argument("algorithm", choices=ALGORITHMS)
-    parser.add_argument("--data", required=True, type=Path, help="dataset directory")
+    parser.add_argument(
+        "--data", required=True, help="the dataset: a directory or a URI (s3://bucket/prefix)"
+    )
     parser.add_argument(
         "--follow",
         action="store_true",
@@ -92,12 +94,20 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("train", "follow", f"an online algorithm {ONLINE}", args.algorithm)
     if not args.follow and args.algorithm not in OFFLINE:
         raise ConfigError("train", "algorithm", f"--follow, or one of {OFFLINE}", args.algorithm)
+    if args.follow and "://" in args.data:
+        raise ConfigError(
+            "train",
+            "data",
+            "a local dataset with --follow (online trainers publish policies into "
+            "DATASET/checkpoints/, on local disk)",
+            args.data,
+        )
     manifest = read_manifest(args.data)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{args.algorithm}-{stamp}"
     default_batch = _BATCH_SIZE.get(args.algorithm, 256)
     settings = loop.LoopSettings(
-        data=Path(args.data),
+        data=args.data if "://" in args.data else Path(args.data),
         run_dir=run_dir,
         env_id=args.env or manifest.env_id,
         follow=args.follow,
@@ -125,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         last = train(trainer, settings, log)
     finally:
         curve = log.close()
-    where = settings.data if args.follow else run_dir
+    where = Path(settings.data) if args.follow else run_dir
     print(
         f"trained {args.algorithm}: version {last['version']} in {where / 'checkpoints'}; "
         f"metrics in {run_dir / 'metrics.jsonl'}" + (f"; curve {curve}" if curve else ""),

@@ -59,7 +59,7 @@ _ALL_NEW_ROWS = 1 << 30  # a reader batch size no look at a live dataset fills
 class LoopSettings:
     """When to evaluate, publish and stop; see ``rlpipe train --help``."""
 
-    data: Path
+    data: Path | str  # a directory, or a URI (s3://bucket/prefix) for offline training
     run_dir: Path
     env_id: str | None = None
     follow: bool = False
@@ -103,7 +103,8 @@ class _Run:
 
     def __init__(self, trainer: Trainer, settings: LoopSettings, log: RunLog) -> None:
         self.trainer, self.settings, self.log = trainer, settings, log
-        self.publish_dir = (settings.data if settings.follow else settings.run_dir) / "checkpoints"
+        published = Path(settings.data) if settings.follow else settings.run_dir
+        self.publish_dir = published / "checkpoints"
         self.progress = state.Progress()
         state_file = settings.run_dir / state.STATE_FILE
         if state_file.exists():
