@@ -2,9 +2,10 @@
 cleanly.
 
 - Every file under the dataset that readers look at is read whole: each Parquet file to its last
-  row, each checkpoint loaded, the manifest parsed. Files under a dot-name (a write a kill cut
-  short) and log segments still there after a clean stop are listed apart, as stray: readers
-  skip them, but they should not be left.
+  row (data files, whether or not a commit names them, so an orphan counts too), each line of the
+  tables' Delta logs, each checkpoint loaded, the manifest parsed. Files under a dot-name (a
+  write a kill cut short) and log segments still there after a clean stop are listed apart, as
+  stray: readers skip them, but they should not be left.
 - The step table's keys ``(episode_id, agent_id, t)``, over every stored row: a key stored twice
   is a duplicate; an acknowledged key not stored is a lost step.
 - ``InputReader`` reads the whole step table, and must see every stored row.
@@ -90,7 +91,9 @@ def _read_tables(files: list[Path]) -> tuple[pa.Table, pa.Table, list[str]]:
     unreadable = []
     for path in files:
         try:
-            if path.suffix == ".parquet":
+            if "_delta_log" in path.parts:  # a table's Delta log: JSON lines, checkpoints
+                _read_log_file(path)
+            elif path.suffix == ".parquet":
                 table = pq.read_table(path)  # every column of every row group, decoded
                 tables.setdefault(path.parents[1].name, []).append(table)  # steps/date=.../
             elif path.suffix == ".npz":
@@ -101,6 +104,17 @@ def _read_tables(files: list[Path]) -> tuple[pa.Table, pa.Table, list[str]]:
             unreadable.append(f"{path}: {type(error).__name__}: {error}"[:300])
     steps = _concat(tables["steps"], _KEY_SCHEMA)
     return steps, _concat(tables["episodes"], _EPISODE_KEY_SCHEMA), unreadable
+
+
+def _read_log_file(path: Path) -> None:
+    """A Delta log file read whole: a commit's JSON actions, a checkpoint's rows, the pointer."""
+    if path.suffix == ".parquet":
+        pq.read_table(path)
+    elif path.suffix == ".json":
+        for line in path.read_text().splitlines():
+            json.loads(line)
+    elif path.name == "_last_checkpoint":
+        json.loads(path.read_text())
 
 
 def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
