@@ -129,10 +129,6 @@ class Table:
             raise storage_failure(self.location, f"opening the {self.name} table", error) from None
         return self._table
 
-    def unpin(self) -> None:
-        """Follow the latest version from the next :meth:`open` on."""
-        self._pinned = None
-
     @property
     def version(self) -> int | None:
         """The version last opened, None before a first commit."""

@@ -90,13 +90,6 @@ class Location:
         """The URI deltalake opens for ``table`` (``steps`` or ``episodes``)."""
         return f"{self.uri}/{table}"
 
-    def relative(self, path: str) -> str:
-        """A filesystem path or file URI under the dataset, relative to its root."""
-        for prefix in (self.uri + "/", self.root + "/", "file://" + self.uri + "/"):
-            if path.startswith(prefix):
-                return path[len(prefix) :]
-        return path
-
     def hide_secrets(self, text: str) -> str:
         """``text`` with every secret option's value blotted out."""
         for key, value in self.storage_options.items():
