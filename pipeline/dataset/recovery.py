@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,6 @@ from pipeline.errors import RlpipeWarning
 from pipeline.format import layout
 
 _RECOVERY_ROW_GROUP = 131_072
-_STAGING_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -60,9 +58,8 @@ def recover(
         return []
     recovered: list[Recovered] = []
     for directory in sorted(base.iterdir()):
-        if directory.name.startswith(".") and _is_abandoned(directory):
-            _remove_dir(directory)  # a writer that died before it finished claiming its log
-        elif directory.is_dir() and not directory.name.startswith("."):
+        # (a ".new-" directory of a writer that died claiming it: wal.claim_log_dir sweeps it)
+        if directory.is_dir() and not directory.name.startswith("."):
             recovered += _recover_dir(location, directory)
     return recovered
 
@@ -145,26 +142,6 @@ def _quarantined(root: Path, writer_id: str, segment: Path, found: LogRead, rows
     )
     table, seq = layout.parse_segment_name(segment.name) or ("", 0)
     return Recovered(writer_id, table, seq, rows, tuple(found.problems), (entry,))
-
-
-def _is_abandoned(directory: Path) -> bool:
-    """A staging directory is abandoned when old and unlocked; a young one may be mid-claim."""
-    try:
-        if time.time() - directory.stat().st_mtime < _STAGING_GRACE_S:
-            return False
-    except FileNotFoundError:
-        return False  # its writer just renamed it into place: it is alive
-    try:
-        fd = os.open(directory / layout.WAL_LOCK, os.O_RDWR)
-    except FileNotFoundError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def _remove_dir(directory: Path) -> None:
