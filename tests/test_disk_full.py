@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -279,3 +280,43 @@ def test_a_server_on_a_full_disk_answers_503_and_goes_on_once_space_is_freed(
     assert sorted(episodes.column("episode_id").to_pylist()) == sorted(played)
     assert set(episodes.column("end_reason").to_pylist()) <= {"terminated", "truncated"}
     assert stray_files(data) == [] and pending_segments(locate(data)) == []
+
+
+_DIE_WITH_ROWS_IN_THE_LOG = """
+import os, sys
+sys.path.insert(0, "tests")
+from conftest import cartpole_rollout, cartpole_spaces
+from pipeline import DatasetWriter, WriterConfig
+writer = DatasetWriter(sys.argv[1], *cartpole_spaces(), env_id="CartPole-v1",
+                       config=WriterConfig(max_age_s=600))
+writer.append(cartpole_rollout(2000))
+os._exit(0)  # acknowledged, still in the log: a dead writer's rows for the next one to commit
+"""
+
+
+def test_a_writer_opened_on_a_full_disk_says_so_and_keeps_the_dead_writers_log(
+    small_disk: Path,
+) -> None:
+    """Opening a dataset commits the logs of writers that died; on a full disk that fails with a
+    StorageError naming the cause (``rlpipe serve`` exits saying it), the log stays, and once
+    space is freed the next writer commits every row of it."""
+    data = small_disk / "data"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [sys.executable, "-c", _DIE_WITH_ROWS_IN_THE_LOG, str(data)], check=True, cwd=root
+    )
+    ballast = fill(small_disk, 0)
+    with pytest.raises(StorageError) as refused:
+        DatasetWriter(data, *cartpole_spaces(), env_id="CartPole-v1")
+    assert refused.value.errno == errno.ENOSPC
+    assert "disk is full" in str(refused.value) and "died" in str(refused.value)
+    serve = [sys.executable, "-m", "pipeline", "serve", "--data", str(data), "--port", "0"]
+    started = subprocess.run(serve, capture_output=True, text=True, timeout=120, cwd=root)
+    assert started.returncode != 0
+    assert "disk is full" in started.stderr, started.stderr
+    assert len(pending_segments(locate(data))) == 1
+    ballast.unlink()
+    with DatasetWriter(data) as writer:
+        assert sum(item.rows for item in writer.recovered) == 2000
+    stored = stored_keys(data)
+    assert len(stored) == 2000 and set(stored.values()) == {1}

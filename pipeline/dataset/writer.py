@@ -34,10 +34,10 @@ import pyarrow as pa
 from pipeline.dataset import rowlog, storage
 from pipeline.dataset.delta import Table
 from pipeline.dataset.location import locate
-from pipeline.dataset.recovery import recover
+from pipeline.dataset.recovery import Recovered, recover
 from pipeline.dataset.shard import date_of, first_date, write_shard
 from pipeline.dataset.wal import Segment, claim_log_dir, release_log_dir
-from pipeline.errors import ConfigError, DatasetError
+from pipeline.errors import ConfigError, DatasetError, StorageError
 from pipeline.format import checks, layout, schema
 from pipeline.format.manifest import open_manifest
 
@@ -169,7 +169,7 @@ class DatasetWriter:
             self.manifest.observation_space, self.manifest.action_space
         )
         self.writer_id = secrets.token_hex(6)
-        self.recovered = recover(self.location)
+        self.recovered = self._recover()
         self._lock_fd, wal_dir = claim_log_dir(
             layout.wal_root(self.location.state_dir), self.writer_id
         )
@@ -200,6 +200,19 @@ class DatasetWriter:
         self._ticker = threading.Thread(target=self._tick_loop, daemon=True, name="rlpipe-roll")
         self._committer.start()
         self._ticker.start()
+
+    def _recover(self) -> list[Recovered]:
+        """Commit dead writers' logs first; a disk that refuses (full, say) leaves them as they
+        are, and says so."""
+        try:
+            return recover(self.location)
+        except OSError as error:
+            where = str(error.filename or self.location.uri)
+            note = (
+                "; committing the logs of writers that died before: they are kept, and a "
+                "writer opened once the disk takes writes again commits them"
+            )
+            raise StorageError(where, error, time.time(), note) from error
 
     @property
     def step_schema(self) -> pa.Schema:
