@@ -35,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_SECRETS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--data", required=True, type=Path, help="the dataset directory")
+    parser.add_argument(
+        "--data", required=True, help="the dataset: a directory, or a URI (s3://bucket/prefix)"
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--env", help="a gymnasium id whose spaces the dataset takes")
     source.add_argument(

@@ -17,7 +17,9 @@ class ServerConfig:
     """Everything ``create_app`` needs, checked once at construction.
 
     Attributes:
-        data: the dataset directory every step goes to (created when new).
+        data: the dataset every step goes to (created when new): a directory, or a URI such as
+            ``s3://bucket/prefix`` (kept as a string), reached with the environment's endpoint
+            and keys, its log and journal in its local state directory.
         observation_space: the per-agent observation space; None to read it from ``data``.
         action_space: as ``observation_space``.
         env_id: the gymnasium id, recorded in a new dataset's manifest.
@@ -37,7 +39,7 @@ class ServerConfig:
             fsyncs before every 2xx (1.5-4 ms a request here).
     """
 
-    data: Path
+    data: Path | str
     observation_space: gym.Space[Any] | None = None
     action_space: gym.Space[Any] | None = None
     env_id: str | None = None
@@ -52,7 +54,8 @@ class ServerConfig:
     writer: WriterConfig = field(default_factory=lambda: WriterConfig(sync="background"))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "data", Path(self.data))
+        uri = "://" in str(self.data)
+        object.__setattr__(self, "data", str(self.data) if uri else Path(self.data))
         if self.policy is not None:
             object.__setattr__(self, "policy", Path(self.policy))
         if (self.observation_space is None) != (self.action_space is None):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from pipeline.dataset.writer import DatasetWriter
@@ -56,7 +57,7 @@ class Service:
         self.episodes = EpisodeBook()
         self.metrics = Metrics()
         self.runner = PolicyRunner(
-            config.policy or config.data,
+            config.policy or Path(config.data),  # a URI's checkpoints: give --policy
             self.observation_space,
             self.action_space,
             config.policy_poll_s,

@@ -97,18 +97,22 @@ _SERVER_LOGS: dict[int, IO[bytes]] = {}  # a served process's pid -> its stderr,
 
 
 def start_serve_process(
-    data: Path, port: int, *extra: str, env_id: str | None = "CartPole-v1"
+    data: Path | str,
+    port: int,
+    *extra: str,
+    env_id: str | None = "CartPole-v1",
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``rlpipe serve`` (granian) as a subprocess, returned once it answers health. Its stderr
-    goes to a file (:func:`server_log` reads it): a pipe nobody reads fills up, and a server
-    that logs much then blocks on it."""
+    """``rlpipe serve`` (granian) as a subprocess, returned once it answers health; ``env`` is
+    added to its environment. Its stderr goes to a file (:func:`server_log` reads it): a pipe
+    nobody reads fills up, and a server that logs much then blocks on it."""
     source = ["--env", env_id] if env_id is not None else []
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by kill)
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "serve", "--data", str(data), *source,
          "--port", str(port), *extra],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-        env={**os.environ, "PYTHONWARNINGS": "error"},
+        env={**os.environ, "PYTHONWARNINGS": "error", **(env or {})},
     )  # fmt: skip
     _SERVER_LOGS[process.pid] = log
     deadline = time.monotonic() + 30

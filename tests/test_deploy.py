@@ -1,6 +1,8 @@
 """docs/deploy.md, for real: three ``rlpipe serve`` processes on one dataset behind haproxy, run
 with the configuration the doc shows, and a PolicyClient given the three addresses. A trainer
-following the dataset reads every step the clients were acknowledged, once."""
+following the dataset reads every step the clients were acknowledged, once. The dataset is a
+directory, or a prefix of a bucket on moto's S3 endpoint (``s3_fixtures``), each server then
+with a local state directory of its own, as on machines of their own."""
 
 from __future__ import annotations
 
@@ -15,19 +17,26 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pandas as pd
+import pyarrow.fs as pafs
 import pytest
 import requests
-from server_fixtures import ROOT, free_port, kill, metric, start_serve_process
+from s3_fixtures import Bucket
+from server_fixtures import ROOT, free_port, kill, metric, server_log, start_serve_process
 
 from pipeline import InputReader
 from pipeline.client import PolicyClient
 from pipeline.client.vector import VectorEpisodes
+from pipeline.dataset import discovery
+from pipeline.dataset.location import locate
+from pipeline.dataset.writer import KILL_AFTER_SHARD_WRITE
+from pipeline.format import layout
 
 Acked = collections.Counter[tuple[str, int]]  # (episode_id, t) of the steps acknowledged
 SERVE = ("--commit-age", "0.2")  # commit often: the follower's wait at the end is short
@@ -52,15 +61,45 @@ def haproxy() -> str:
     return path
 
 
-class Fleet:
-    """Servers of one dataset on OS-picked ports, each a real ``rlpipe serve`` process."""
+@dataclass(frozen=True)
+class Store:
+    """The servers' dataset: a directory, or a URI with the options that reach it and a
+    directory under which each server keeps its own local state (log and journal)."""
 
-    def __init__(self, data: Path, count: int) -> None:
-        self.data = data
+    data: Path | str
+    options: dict[str, str] = field(default_factory=dict)
+    states: Path | None = None
+
+    @classmethod
+    def on(cls, bucket: Bucket) -> Store:
+        return cls(bucket.uri(), bucket.options, bucket.state_dir)
+
+    def server_env(self, index: int) -> dict[str, str]:
+        """The endpoint and keys in the environment, as an operator gives them, and the
+        server's own state directory (``$XDG_STATE_HOME/rlpipe/...``)."""
+        if self.states is None:
+            return {}
+        return {**self.options, "XDG_STATE_HOME": str(self.states / f"server-{index}")}
+
+    def reader(self, **options: Any) -> InputReader:
+        return InputReader(self.data, storage_options=self.options or None, **options)
+
+
+def as_store(data: Path | Store) -> Store:
+    return data if isinstance(data, Store) else Store(data)
+
+
+class Fleet:
+    """Servers of one dataset on OS-picked ports, each a real ``rlpipe serve`` process;
+    ``hook`` is added to each server's environment at its first start only."""
+
+    def __init__(self, data: Path | Store, count: int, hook: dict[str, str] | None = None) -> None:
+        self.store = as_store(data)
         self.ports = [free_port() for _ in range(count)]
         self.processes: list[subprocess.Popen[bytes]] = []
-        for port in self.ports:
-            self.processes.append(start_serve_process(data, port, *SERVE))
+        for index, port in enumerate(self.ports):
+            env = {**self.store.server_env(index), **(hook or {})}
+            self.processes.append(start_serve_process(self.store.data, port, *SERVE, env=env))
 
     @property
     def addresses(self) -> list[str]:
@@ -75,7 +114,25 @@ class Fleet:
         kill(self.processes[index])
         time.sleep(down_s)
         while_down()
-        self.processes[index] = start_serve_process(self.data, self.ports[index], *SERVE)
+        self.start(index)
+
+    def start(self, index: int) -> None:
+        """Start server ``index`` again on its port, with its state directory."""
+        env = self.store.server_env(index)
+        self.processes[index] = start_serve_process(
+            self.store.data, self.ports[index], *SERVE, env=env
+        )
+
+    def revive(self, index: int, while_down: Callable[[], None]) -> None:
+        """Wait for server ``index`` to die by its own hook, run ``while_down``, and start it
+        again on its port, without the hook. (The hook kills granian's worker, where the writer
+        runs, with SIGKILL; the supervisor then exits with status 1.)"""
+        process = self.processes[index]
+        process.wait(timeout=30)
+        assert process.returncode in (1, -signal.SIGKILL), server_log(process)[-2000:]
+        kill(process)
+        while_down()
+        self.start(index)
 
     def accepted(self) -> list[float]:
         """Steps each server accepted since it started."""
@@ -92,8 +149,10 @@ class Fleet:
 
 
 @contextmanager
-def fleet(data: Path, count: int = 3) -> Iterator[Fleet]:
-    servers = Fleet(data, count)
+def fleet(
+    data: Path | Store, count: int = 3, hook: dict[str, str] | None = None
+) -> Iterator[Fleet]:
+    servers = Fleet(data, count, hook)
     try:
         yield servers
     finally:
@@ -137,10 +196,10 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], log: Any) -> None:
 class Follower(threading.Thread):
     """A trainer's reader: every (episode_id, t) a following InputReader yields."""
 
-    def __init__(self, data: Path) -> None:
+    def __init__(self, data: Path | Store, timeout_s: float = 2.0) -> None:
         super().__init__(daemon=True)
-        self.reader = InputReader(
-            data, batch_size=256, follow=True, timeout_s=2.0, poll_interval_s=0.05
+        self.reader = as_store(data).reader(
+            batch_size=256, follow=True, timeout_s=timeout_s, poll_interval_s=0.05
         )
         self.seen: Acked = collections.Counter()
 
@@ -257,7 +316,7 @@ def together(*players: Callable[[Acked], None]) -> Acked:
     return acked
 
 
-def check_exactly_once(follower: Follower, acked: Acked, data: Path) -> None:
+def check_exactly_once(follower: Follower, acked: Acked, data: Path | Store) -> None:
     """The follower read each acknowledged step once and nothing else; so does a fresh read."""
     follower.join(timeout=60)
     assert not follower.is_alive()
@@ -268,7 +327,7 @@ def check_exactly_once(follower: Follower, acked: Acked, data: Path) -> None:
         f"extra {len(follower.seen - acked)}"
     )
     again: Acked = collections.Counter()
-    for batch in InputReader(data, batch_size=4096):
+    for batch in as_store(data).reader(batch_size=4096):
         again.update(zip(batch.episode_ids.tolist(), batch.ts.tolist(), strict=True))
     assert again == acked
 
@@ -386,3 +445,62 @@ def test_a_batch_of_episodes_on_several_servers_reaches_each_of_them(tmp_path: P
         zip(ids, ended.tolist(), strict=True)
     )
     assert all(count > 0 for count in accepted), accepted
+
+
+def uncommitted_files(store: Store) -> list[str]:
+    """Data files under the dataset that no commit of its tables names."""
+    location = locate(store.data, store.options)
+    selector = pafs.FileSelector(location.root, recursive=True)
+    found = [info.path for info in location.filesystem.get_file_info(selector)]
+    committed = {path for table in layout.TABLES for path in discovery.list_shards(location, table)}
+    return [path for path in found if path.endswith(".parquet") and path not in committed]
+
+
+def test_three_servers_on_one_bucket_keep_every_step_once(
+    haproxy: str, bucket: Bucket, tmp_path: Path
+) -> None:
+    """docs/deploy.md, "Object storage": three servers, each with its own state directory, write
+    one dataset on S3 through haproxy; a follower of the s3 URI reads each step once."""
+    store = Store.on(bucket)
+    with fleet(store) as servers, balancer(haproxy, tmp_path, servers.addresses) as url:
+        follower = Follower(store)
+        follower.start()
+        remote = PolicyClient(url, "remote")
+        local = PolicyClient(url, "local", update_interval=None, spool_dir=tmp_path / "spool")
+        acked = together(
+            lambda mine: play_remote(remote, [f"remote-{n}" for n in range(12)], mine),
+            lambda mine: play_local(local, 6, mine),
+        )
+        assert remote.close()
+        accepted = servers.accepted()
+        check_exactly_once(follower, acked, store)
+    assert all(count > 0 for count in accepted), accepted
+    assert store.states is not None
+    assert len(list(store.states.glob("server-*/rlpipe/*"))) == 3  # a state directory each
+    assert not uncommitted_files(store)
+
+
+def test_a_server_killed_between_a_file_and_its_commit_on_s3_keeps_every_step_once(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    """The server dies (SIGKILL, by the writer's test hook) right after putting its first
+    shard's file on S3, before the commit naming it; restarted on its state directory, it
+    commits what it acknowledged, once, while its clients wait (remote) or spool (local)."""
+    store = Store.on(bucket)
+    stranded: list[str] = []
+    with fleet(store, 1, hook={KILL_AFTER_SHARD_WRITE: "1"}) as servers:
+        follower = Follower(store, timeout_s=5.0)  # through the restart
+        follower.start()
+        remote = PolicyClient(servers.addresses, "remote", timeout=30.0)
+        local = PolicyClient(
+            servers.addresses, "local", update_interval=None, spool_dir=tmp_path / "spool"
+        )
+        acked = together(
+            lambda mine: play_remote(remote, [f"remote-{n}" for n in range(8)], mine, 0.002),
+            lambda mine: play_local(local, 8, mine, pace_s=0.002),
+            lambda _: servers.revive(0, lambda: stranded.extend(uncommitted_files(store))),
+        )
+        assert remote.close()
+        check_exactly_once(follower, acked, store)
+    assert stranded, "the server died with a file on S3 that no commit named"
+    assert not uncommitted_files(store)  # recovery committed that very file
