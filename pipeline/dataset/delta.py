@@ -29,6 +29,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import (
     AddAction,
     CommitProperties,
+    PostCommitHookProperties,
     Transaction,
     create_table_with_add_actions,
 )
@@ -38,6 +39,10 @@ from pipeline.errors import DatasetError
 from pipeline.format import layout
 
 _COMMIT_ATTEMPTS = 8  # a race to create the table, or a commit that lost to another writer's
+# After a commit, deltalake checkpoints at the table's interval but does not clean up old log
+# entries: that lists the whole log, a request per commit that grows with it; `rlpipe compact`
+# cleans up instead.
+_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 _WIDER = {8: pa.int16(), 16: pa.int32(), 32: pa.int64(), 64: pa.int64()}
 
 
@@ -104,6 +109,10 @@ class Table:
         self.uri = location.table_uri(name)
         self._pinned = version
         self._table: DeltaTable | None = None
+        # app id -> its transaction version as this object last learned it: from the table
+        # once, then from its own commits (an app commits through one object: its writer, or
+        # the recovery that holds its log's lock)
+        self._known: dict[str, int | None] = {}
 
     def open(self) -> DeltaTable | None:
         """The table at its pinned or latest version; None while nobody has committed to it."""
@@ -165,11 +174,14 @@ class Table:
         return list(report.get("files_removed", []))
 
     def committed_seq(self, app_id: str) -> int | None:
-        """The highest shard number committed under ``app_id`` (``layout.app_id``), if any."""
+        """The highest shard number committed under ``app_id`` (``layout.app_id``), if any.
+        The table is asked once per app: deltalake answers by replaying the log since its last
+        checkpoint, a read per commit file, which on object storage is a request each."""
+        if app_id in self._known:
+            return self._known[app_id]
         table = self.open()
-        if table is None:
-            return None
-        version: int | None = table.transaction_version(app_id)
+        version: int | None = None if table is None else table.transaction_version(app_id)
+        self._known[app_id] = version
         return version
 
     def commit(self, table_schema: pa.Schema, action: AddAction, app_id: str, seq: int) -> bool:
@@ -183,7 +195,8 @@ class Table:
                 committed = self.committed_seq(app_id)
                 if committed is not None and committed >= seq:
                     return False
-                if self._table is None:
+                table = self.open()  # at the latest version: the commit reads no older one
+                if table is None:
                     create_table_with_add_actions(
                         self.uri,
                         schema,
@@ -192,17 +205,21 @@ class Table:
                         partition_by=[layout.PARTITION_KEY],
                         storage_options=options,
                         commit_properties=properties,
+                        post_commithook_properties=_HOOKS,
                     )
                 else:
-                    self._table.create_write_transaction(
+                    table.create_write_transaction(
                         [action],
                         mode="append",
                         schema=schema,
                         partition_by=[layout.PARTITION_KEY],
                         commit_properties=properties,
+                        post_commithook_properties=_HOOKS,
                     )
+                self._known[app_id] = seq
                 return True
             except (CommitFailedError, DeltaError, OSError, DatasetError) as error:
+                self._known.pop(app_id, None)  # it may have committed: ask the table again
                 if attempt == _COMMIT_ATTEMPTS - 1 or not _is_race(error):
                     raise self._refused(error) from None
                 time.sleep(0.01 * 2**attempt)  # lost a race: look again

@@ -175,6 +175,9 @@ def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
         "connect_timeout": 5.0,
         "request_timeout": 30.0,
         "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
+        # a shard smaller than a multipart part goes up in one PutObject on close, not three
+        # requests (create, part, complete)
+        "allow_delayed_open": True,
     }
     if access and secret:  # else pyarrow's own chain (profile, instance role) finds them
         kwargs.update(

@@ -84,6 +84,7 @@ def write_shard(
         try:
             with pq.ParquetWriter(sink, data.schema, **parquet_options(data.schema)) as writer:
                 writer.write_table(data, row_group_size=row_group_rows)
+            size = sink.tell()  # the file's size, without asking the store
         finally:
             sink.close()
         if local:
@@ -94,7 +95,6 @@ def write_shard(
         with contextlib.suppress(OSError):
             filesystem.delete_file(final)
         raise
-    size = filesystem.get_file_info(final).size or 0
     return relative, add_action(relative, size, date, writer.writer.metadata)
 
 

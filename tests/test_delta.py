@@ -1,0 +1,57 @@
+"""What a commit costs on object storage (``pipeline/dataset/delta.py``): the requests a writer
+makes per shard it commits, counted at moto's S3 endpoint (``s3_fixtures``) from the request log
+moto's server writes through werkzeug's logger, one line a request."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import numpy as np
+import pytest
+from conftest import cartpole_spaces
+from s3_fixtures import Bucket
+
+from pipeline import DatasetWriter, WriterConfig
+
+COMMITS = 12  # after a first, which creates the table
+
+
+def steps(name: str, rows: int) -> dict[str, object]:
+    observations = np.zeros((rows, 4), np.float32)
+    return {
+        "episode_id": np.full(rows, name),
+        "t": np.arange(rows),
+        "observation": observations,
+        "action": np.zeros(rows, np.int64),
+        "reward": np.ones(rows),
+        "next_observation": observations,
+        "terminated": np.zeros(rows, bool),
+        "truncated": np.zeros(rows, bool),
+    }
+
+
+def test_a_commit_makes_a_few_requests_however_long_the_log(
+    bucket: Bucket, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shard's file and its commit take at most 10 requests, the same at the 3rd commit as at
+    the 13th: deltalake's answers that replay the log (a transaction version asked of the
+    table; a commit from a table object some versions behind) are not asked per commit."""
+    writer = DatasetWriter(
+        bucket.uri(),
+        *cartpole_spaces(),
+        config=WriterConfig(max_age_s=60.0),
+        storage_options=bucket.options,
+        state_dir=bucket.state_dir,
+    )
+    mine = re.compile(rf'"[A-Z]+ /{bucket.name}[/?]')
+    counts = []
+    with writer, caplog.at_level(logging.INFO, logger="werkzeug"):
+        for number in range(COMMITS + 1):
+            caplog.clear()
+            writer.append(steps(f"e{number}", 50))
+            writer.flush()
+            counts.append(sum(1 for r in caplog.records if mine.search(r.getMessage())))
+    later = counts[1:]
+    assert max(later) <= 10, counts
+    assert sum(later[-4:]) <= sum(later[:4]), counts  # no growth with the log
