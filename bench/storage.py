@@ -88,7 +88,8 @@ class Moto:
         self.log.flush()
         text = Path(self.log.name).read_text(errors="replace")
         under = rf"/{prefix}/|\?[^ ]*prefix={prefix}(?:/|%2F)"  # an object, or a listing
-        pattern = rf'"([A-Z]+) (/{self.bucket}(?:{under})[^ ]*)'
+        color = r"(?:\x1b\[[0-9;]*m)*"  # werkzeug colours the line of a status other than 200
+        pattern = rf'"{color}([A-Z]+) (/{self.bucket}(?:{under})[^ ]*)'
         return [f"{m[1]} {m[2]}" for m in re.finditer(pattern, text)]
 
 

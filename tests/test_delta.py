@@ -1,6 +1,7 @@
-"""What a commit costs on object storage (``pipeline/dataset/delta.py``): the requests a writer
-makes per shard it commits, counted at moto's S3 endpoint (``s3_fixtures``) from the request log
-moto's server writes through werkzeug's logger, one line a request."""
+"""What committing and reading cost on object storage (``pipeline/dataset/delta.py``): the
+requests a writer makes per shard it commits, and a reader per file it reads, counted at moto's
+S3 endpoint (``s3_fixtures``) from the request log moto's server writes through werkzeug's
+logger, one line a request."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from conftest import cartpole_spaces
 from s3_fixtures import Bucket
 
-from pipeline import DatasetWriter, WriterConfig
+from pipeline import DatasetWriter, InputReader, WriterConfig
 
 COMMITS = 12  # after a first, which creates the table
 
@@ -31,6 +32,12 @@ def steps(name: str, rows: int) -> dict[str, object]:
     }
 
 
+def requests_of(bucket: Bucket) -> re.Pattern[str]:
+    """The request line of anything in ``bucket``, as moto logs it: the method and the path.
+    werkzeug colours the line of a status other than 200 (a 404, a 206) with ANSI codes."""
+    return re.compile(rf'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (/{bucket.name}[/?][^ ]*)')
+
+
 def test_a_commit_makes_a_few_requests_however_long_the_log(
     bucket: Bucket, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -44,7 +51,8 @@ def test_a_commit_makes_a_few_requests_however_long_the_log(
         storage_options=bucket.options,
         state_dir=bucket.state_dir,
     )
-    mine = re.compile(rf'"[A-Z]+ /{bucket.name}[/?]')
+    # werkzeug colours the line of a status other than 200 (a 404, a 206) with ANSI codes
+    mine = requests_of(bucket)
     counts = []
     with writer, caplog.at_level(logging.INFO, logger="werkzeug"):
         for number in range(COMMITS + 1):
@@ -55,3 +63,24 @@ def test_a_commit_makes_a_few_requests_however_long_the_log(
     later = counts[1:]
     assert max(later) <= 10, counts
     assert sum(later[-4:]) <= sum(later[:4]), counts  # no growth with the log
+
+
+def test_a_reader_asks_no_file_its_size(bucket: Bucket, caplog: pytest.LogCaptureFixture) -> None:
+    """The snapshot gives each file's size, so a pass reads each file's footer and its data
+    and asks nothing else of it (a HEAD per file before each of those two reads, otherwise)."""
+    with DatasetWriter(
+        bucket.uri(),
+        *cartpole_spaces(),
+        storage_options=bucket.options,
+        state_dir=bucket.state_dir,
+    ) as writer:
+        for number in range(3):
+            writer.append(steps(f"e{number}", 500))
+            writer.flush()
+    reader = InputReader(bucket.uri(), storage_options=bucket.options, batch_size=4096)
+    with caplog.at_level(logging.INFO, logger="werkzeug"):
+        caplog.clear()
+        assert sum(len(batch) for batch in reader) == 1500
+        found = [requests_of(bucket).search(r.getMessage()) for r in caplog.records]
+    made = [(m[1], m[2]) for m in found if m and ".parquet" in m[2]]
+    assert sorted(method for method, _ in made) == ["GET"] * 6, made

@@ -12,6 +12,7 @@ wrong (:class:`~pipeline.errors.DamagedFileError`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ from pipeline.dataset.shard import leaf_paths
 from pipeline.errors import DamagedFileError
 
 READ_ERRORS = (OSError, pa.ArrowException)
+_FOOTER_READS = 8  # footers read at once
 
 
 def footer_problem(metadata: pq.FileMetaData, table_schema: pa.Schema) -> str | None:
@@ -73,19 +75,30 @@ def shard_problem(filesystem: pafs.FileSystem, path: str, table_schema: pa.Schem
 
 
 def check_fragments(dataset: ds.FileSystemDataset, table_schema: pa.Schema) -> None:
-    """Read each shard's footer (the scan then reuses it) and check it.
+    """Read each shard's footer (the scan then reuses it) and check it. The footers are read
+    at once, a few at a time: on object storage each is a round trip.
 
     Raises:
-        DamagedFileError: a footer that cannot be read, or that :func:`footer_problem` doubts.
+        DamagedFileError: the first shard whose footer cannot be read, or that
+            :func:`footer_problem` doubts.
     """
-    for fragment in dataset.get_fragments():
-        try:
-            fragment.ensure_complete_metadata()
-            problem = footer_problem(fragment.metadata, table_schema)
-        except READ_ERRORS as error:
-            problem = f"its footer cannot be read ({_reason(error)})"
+    fragments = list(dataset.get_fragments())
+    if len(fragments) > 1:
+        with ThreadPoolExecutor(min(len(fragments), _FOOTER_READS)) as pool:
+            problems = list(pool.map(lambda f: _fragment_problem(f, table_schema), fragments))
+    else:
+        problems = [_fragment_problem(fragment, table_schema) for fragment in fragments]
+    for fragment, problem in zip(fragments, problems, strict=True):
         if problem is not None:
             raise DamagedFileError(fragment.path, problem)
+
+
+def _fragment_problem(fragment: Any, table_schema: pa.Schema) -> str | None:
+    try:
+        fragment.ensure_complete_metadata()
+        return footer_problem(fragment.metadata, table_schema)
+    except READ_ERRORS as error:
+        return f"its footer cannot be read ({_reason(error)})"
 
 
 def named(

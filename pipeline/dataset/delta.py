@@ -261,9 +261,12 @@ class Snapshot:
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        table.open()
+        self.files = {entry.path: entry for entry in table.files()}  # opens the table once
         self.version = table.version
-        self.files = {entry.path: entry for entry in table.files()}
+
+    def sizes(self, paths: list[str]) -> list[int | None]:
+        """The sizes of files under the table, as their commits give them (None: not known)."""
+        return [entry.size if (entry := self.files.get(path)) else None for path in paths]
 
     def paths(self) -> list[str]:
         """The files' paths under the table, oldest partition first, then by path."""

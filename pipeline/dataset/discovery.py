@@ -50,9 +50,28 @@ def list_shards(location: Location, table: str = layout.STEPS) -> list[str]:
 
 
 def open_dataset(
-    filesystem: pafs.FileSystem, root: str, paths: Sequence[str], schema: pa.Schema, table: str
+    filesystem: pafs.FileSystem,
+    root: str,
+    paths: Sequence[str],
+    schema: pa.Schema,
+    table: str,
+    sizes: Sequence[int | None] | None = None,
 ) -> ds.FileSystemDataset:
-    """A pyarrow dataset over exactly ``paths``, with the ``date`` partition column."""
+    """A pyarrow dataset over exactly ``paths``, with the ``date`` partition column. Given the
+    files' ``sizes`` (a Delta snapshot has them), no file is asked its size: on object storage
+    that is a request per file before its footer can be read."""
+    if sizes is not None:
+        base = f"{root}/{table}/"
+        fragments = [
+            _FORMAT.make_fragment(
+                path,
+                filesystem,
+                partition_expression=_PARTITIONING.parse(path.removeprefix(base)),
+                file_size=size,
+            )
+            for path, size in zip(paths, sizes, strict=True)
+        ]
+        return ds.FileSystemDataset(fragments, read_schema(schema), _FORMAT, filesystem)
     return ds.dataset(
         list(paths),
         schema=read_schema(schema),

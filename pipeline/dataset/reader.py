@@ -254,7 +254,8 @@ class InputReader:
             if paths:
                 seen.update(paths)
                 idle_since = time.monotonic()
-                yield from self._scan([self.location.path(p) for p in paths], part, rng)
+                sizes = snapshot.sizes([p.removeprefix(f"{layout.STEPS}/") for p in paths])
+                yield from self._scan([self.location.path(p) for p in paths], part, rng, sizes)
             if not self.config.follow:
                 return
             yield _CAUGHT_UP
@@ -267,12 +268,17 @@ class InputReader:
             time.sleep(self.config.poll_interval_s)
 
     def _scan(
-        self, paths: list[str], part: discovery.Part, rng: np.random.Generator
+        self,
+        paths: list[str],
+        part: discovery.Part,
+        rng: np.random.Generator,
+        sizes: list[int | None],
     ) -> Iterator[pa.RecordBatch]:
         if self.config.shuffle:
-            paths = [paths[i] for i in rng.permutation(len(paths))]
+            order = rng.permutation(len(paths))
+            paths, sizes = [paths[i] for i in order], [sizes[i] for i in order]
         dataset = discovery.open_dataset(
-            self.filesystem, self.root, paths, self.schema, layout.STEPS
+            self.filesystem, self.root, paths, self.schema, layout.STEPS, sizes
         )
         damage.check_fragments(dataset, self.schema)  # a damaged footer is named, not misread
         if part.count > 1:
