@@ -67,7 +67,8 @@ def test_a_commit_makes_a_few_requests_however_long_the_log(
 
 def test_a_reader_asks_no_file_its_size(bucket: Bucket, caplog: pytest.LogCaptureFixture) -> None:
     """The snapshot gives each file's size, so a pass reads each file's footer and its data
-    and asks nothing else of it (a HEAD per file before each of those two reads, otherwise)."""
+    and asks nothing else of it (a HEAD per file before each of those two reads, otherwise);
+    the manifest is read without a look first."""
     with DatasetWriter(
         bucket.uri(),
         *cartpole_spaces(),
@@ -77,10 +78,20 @@ def test_a_reader_asks_no_file_its_size(bucket: Bucket, caplog: pytest.LogCaptur
         for number in range(3):
             writer.append(steps(f"e{number}", 500))
             writer.flush()
-    reader = InputReader(bucket.uri(), storage_options=bucket.options, batch_size=4096)
     with caplog.at_level(logging.INFO, logger="werkzeug"):
         caplog.clear()
+        reader = InputReader(bucket.uri(), storage_options=bucket.options, batch_size=4096)
+        opening = made_in(bucket, caplog)
+        caplog.clear()
         assert sum(len(batch) for batch in reader) == 1500
-        found = [requests_of(bucket).search(r.getMessage()) for r in caplog.records]
-    made = [(m[1], m[2]) for m in found if m and ".parquet" in m[2]]
-    assert sorted(method for method, _ in made) == ["GET"] * 6, made
+        reading = made_in(bucket, caplog)
+    manifest = [method for method, path in opening if path.endswith("/manifest.json")]
+    assert manifest == ["HEAD", "GET"], opening  # its size, then it: not "is it there?" first
+    parquet = [method for method, path in reading if ".parquet" in path]
+    assert parquet == ["GET"] * 6, reading
+
+
+def made_in(bucket: Bucket, caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    """The (method, path) of each request moto logged for ``bucket`` in ``caplog``."""
+    found = [requests_of(bucket).search(record.getMessage()) for record in caplog.records]
+    return [(match[1], match[2]) for match in found if match]

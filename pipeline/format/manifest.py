@@ -114,15 +114,14 @@ def read_manifest(
     location = locate(path, storage_options)
     filesystem = location.filesystem
     where = location.path(layout.MANIFEST)
-    try:
-        info = filesystem.get_file_info(where)
-        if info.type != pafs.FileType.File:
-            raise DatasetError(
-                f"{location.uri}: no {layout.MANIFEST}; this is not an rlpipe dataset (create "
-                "one with DatasetWriter or `rlpipe import`)"
-            )
+    try:  # opened without asking first whether it is there: a request less on object storage
         with filesystem.open_input_stream(where) as stream:
             raw = stream.read()
+    except (FileNotFoundError, IsADirectoryError):
+        raise DatasetError(
+            f"{location.uri}: no {layout.MANIFEST}; this is not an rlpipe dataset (create "
+            "one with DatasetWriter or `rlpipe import`)"
+        ) from None
     except OSError as error:
         raise storage_failure(location, f"reading {layout.MANIFEST}", error) from None
     try:
