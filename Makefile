@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/writer.py
 	$(BIN)/python bench/reader.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/storage.py
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[bench]'
 	$(BIN)/python bench/learn.py
 

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVE = Path(__file__).with_name("serve.py")
 BARS = {"local_reader_vs_raw": (">=", 0.7), "s3_reader_vs_raw": (">=", 0.7),
         "follow_lag_p50_s": ("<=", 1.0), "requests_per_commit": ("<=", 10.0)}  # fmt: skip
-ROUNDS = 3  # reader rounds, interleaved, best of each
+ROUNDS = 5  # reader rounds, interleaved, best of each (as bench/reader.py)
 COMMITS = 30  # for requests per commit
 
 
