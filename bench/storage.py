@@ -9,9 +9,10 @@ baseline measured in the same run:
   dataset (each with its own state directory), 3 upload clients (bench/serve.py's ``ingest``
   workers: Arrow uploads of 100 000 CartPole rows), each given one server's address; the time
   runs until the table holds every acknowledged row. Baseline: the same on local disk.
-- reader: InputReader (opened, then one sequential pass into torch batches of 1024, every page's
-  CRC checked) against a raw ``pyarrow.dataset`` scan (discovered, then scanned) of the same
-  files on the same store: ``local_reader_vs_raw``, ``s3_reader_vs_raw``.
+- reader: InputReader (one sequential pass into torch batches of 1024, every page's CRC checked)
+  against a raw ``pyarrow.dataset`` scan of the same files on the same store, each timed after
+  its opening as in bench/reader.py: ``local_reader_vs_raw``, ``s3_reader_vs_raw``. The opening
+  (the reader's: manifest and Delta snapshot; the raw scan's: listing the files) is timed too.
 - follow lag: a remote CartPole client steps against one server at its defaults (commits every
   ``--commit-age`` 1 s); a following InputReader (polls every 0.2 s) in this process. The lag of a
   step is from its acknowledgment (the call that completes its row returns) to the follower
@@ -223,8 +224,9 @@ def write_steps(location: Location, total: int) -> None:
             writer.append(columns)
 
 
-def raw_scan(location: Location) -> tuple[float, int]:
-    """Seconds for pyarrow.dataset to discover the step files and scan the reader's columns."""
+def raw_scan(location: Location) -> tuple[float, float, int]:
+    """Seconds for pyarrow.dataset to discover the step files, then to scan the reader's
+    columns once; and the rows."""
     import pyarrow.dataset as ds
 
     from pipeline.dataset.reader import DEFAULT_COLUMNS
@@ -232,26 +234,36 @@ def raw_scan(location: Location) -> tuple[float, int]:
     started = time.perf_counter()
     dataset = ds.dataset(location.path("steps"), filesystem=location.filesystem,
                          format="parquet", partitioning="hive")  # fmt: skip
+    found = time.perf_counter()
     rows = sum(b.num_rows for b in dataset.to_batches(columns=list(DEFAULT_COLUMNS)))
-    return time.perf_counter() - started, rows
+    return found - started, time.perf_counter() - found, rows
 
 
-def reader_pass(store: Store, location: Location) -> tuple[float, int]:
-    """Seconds to open an InputReader and read one sequential epoch of torch batches."""
+def reader_pass(store: Store, location: Location) -> tuple[float, float, int]:
+    """Seconds to open an InputReader (manifest, Delta snapshot), then to read one sequential
+    epoch of torch batches; and the rows."""
     started = time.perf_counter()
     reader = store.reader(location, batch_size=1024, device="cpu")
+    opened = time.perf_counter()
     rows = sum(len(batch.observations) for batch in reader)
-    return time.perf_counter() - started, rows
+    return opened - started, time.perf_counter() - opened, rows
 
 
-def reader_vs_raw(store: Store, total: int) -> tuple[float, float]:
+def reader_vs_raw(store: Store, total: int) -> dict[str, float]:
+    """Rows/s of a pass and of a scan (as bench/reader.py: after the open and the discovery,
+    which are timed on their own); best of ROUNDS interleaved rounds each."""
     location = store.location("reader")
     write_steps(location, total)
     rounds = [(raw_scan(location), reader_pass(store, location)) for _ in range(ROUNDS)]
-    raw, mine = min(r[0] for r in rounds), min(r[1] for r in rounds)
-    if raw[1] != mine[1] or mine[1] != total // 100_000 * 100_000:
-        raise SystemExit(f"{store.name} reader: {mine[1]} rows, raw scan {raw[1]}")
-    return mine[1] / mine[0], raw[1] / raw[0]
+    rows = {r[0][2] for r in rounds} | {r[1][2] for r in rounds}
+    if rows != {total // 100_000 * 100_000}:
+        raise SystemExit(f"{store.name} reader: rows read {sorted(rows)}, written {total}")
+    return {
+        "reader_rows_per_s": rows.pop() / min(r[1][1] for r in rounds),
+        "raw_rows_per_s": total // 100_000 * 100_000 / min(r[0][1] for r in rounds),
+        "reader_open_s": min(r[1][0] for r in rounds),
+        "raw_discover_s": min(r[0][0] for r in rounds),
+    }
 
 
 # --- the follower's lag ------------------------------------------------------------------------
@@ -400,11 +412,13 @@ def _ingest(store: Store, seconds: float) -> dict[str, float]:
 
 
 def _reader(store: Store, total: int) -> dict[str, float]:
-    mine, raw = reader_vs_raw(store, total)
+    found = reader_vs_raw(store, total)
+    mine, raw = found["reader_rows_per_s"], found["raw_rows_per_s"]
     print(f"{store.name} reader: InputReader {mine:,.0f} rows/s, raw pyarrow.dataset scan "
-          f"{raw:,.0f} rows/s ({mine / raw:.2f}x raw)")  # fmt: skip
-    return {f"{store.name}_reader_rows_per_s": mine, f"{store.name}_raw_rows_per_s": raw,
-            f"{store.name}_reader_vs_raw": mine / raw}  # fmt: skip
+          f"{raw:,.0f} rows/s ({mine / raw:.2f}x raw); opening it {found['reader_open_s']:.3f} s, "
+          f"the raw discovery {found['raw_discover_s']:.3f} s")  # fmt: skip
+    figures = {f"{store.name}_{key}": value for key, value in found.items()}
+    return figures | {f"{store.name}_reader_vs_raw": mine / raw}
 
 
 def _lag(store: Store, seconds: float) -> dict[str, float]:
