@@ -18,7 +18,8 @@ baseline measured in the same run:
   step is from its acknowledgment (the call that completes its row returns) to the follower
   yielding it: p50 and p99, local and s3.
 - requests per commit: one writer commits shards of 1 000 rows; the requests moto logs for its
-  dataset, over the commits after the first (which creates the table).
+  dataset, over the commits after the first (which creates the table). Then three writers commit
+  back to back on one dataset, racing: a commit that loses reads the winner's and tries again.
 
 Run: ``python bench/storage.py [--steps N] [--seconds S] [--only ingest,reader,lag,requests]``.
 """
@@ -332,28 +333,42 @@ def _play(client: Any, seconds: float, acked: dict[tuple[str, int], float]) -> N
 # --- requests per commit -----------------------------------------------------------------------
 
 
-def requests_per_commit(moto: Moto, tmp: Path) -> tuple[float, dict[str, float]]:
-    """Requests moto logged per commit of one writer, over COMMITS commits after the first;
-    and per kind of request."""
+def requests_per_commit(moto: Moto, tmp: Path, writers: int) -> tuple[float, dict[str, float]]:
+    """Requests moto logged per commit of ``writers`` writers committing back to back on one
+    dataset, over COMMITS commits each after a first; and per kind of request."""
     from collections import Counter
 
-    location = moto.location("commits", tmp / "state" / "commits")
+    prefix = f"commits-{writers}"
+    location = moto.location(prefix, tmp / "state" / prefix)
     columns = cartpole_columns(1_000)
-    with DatasetWriter(
-        location.uri, *cartpole_spaces(), config=WriterConfig(max_age_s=600.0),
-        storage_options=dict(location.storage_options), state_dir=location.state_dir,
-    ) as writer:  # fmt: skip
-        writer.append(columns)
-        writer.flush()
-        time.sleep(0.2)  # moto logs a request after answering it
-        before = len(moto.requests("commits"))
-        for _ in range(COMMITS):
+    opened = [
+        DatasetWriter(location.uri, *cartpole_spaces(), config=WriterConfig(max_age_s=600.0),
+                      storage_options=dict(location.storage_options),
+                      state_dir=location.state_dir / str(n))
+        for n in range(writers)
+    ]  # fmt: skip
+
+    def commit(writer: DatasetWriter, times: int) -> None:
+        for _ in range(times):
             writer.append(columns)
             writer.flush()
-        time.sleep(0.2)
-        made = moto.requests("commits")[before:]
+
+    for writer in opened:
+        commit(writer, 1)
+    time.sleep(0.2)  # moto logs a request after answering it
+    before = len(moto.requests(prefix))
+    threads = [threading.Thread(target=commit, args=(w, COMMITS)) for w in opened]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(0.2)
+    made = moto.requests(prefix)[before:]
+    for writer in opened:
+        writer.close()
+    commits = COMMITS * writers
     kinds = Counter(_kind(request) for request in made)
-    return len(made) / COMMITS, {kind: count / COMMITS for kind, count in kinds.most_common()}
+    return len(made) / commits, {kind: count / commits for kind, count in kinds.most_common()}
 
 
 def _kind(request: str) -> str:
@@ -361,7 +376,7 @@ def _kind(request: str) -> str:
     if "list-type=2" in path:
         return "LIST _delta_log"
     if "_delta_log/" in path:
-        return f"{method} _delta_log/{path.rsplit('.', 1)[-1].split('?')[0]}"
+        return f"{method} _delta_log/{path.rsplit('/', 1)[-1].split('.')[-1].split('?')[0]}"
     return f"{method} {path.rsplit('.', 1)[-1].split('?')[0]} file"
 
 
@@ -396,10 +411,7 @@ def main() -> None:
             if "lag" in phases:
                 figures.update(_lag(store, args.seconds * 2))
         if "requests" in phases:
-            per_commit, kinds = requests_per_commit(moto, tmp)
-            print(f"requests per commit (one writer, {COMMITS} commits): {per_commit:.2f}: "
-                  + ", ".join(f"{kind} {count:.2f}" for kind, count in kinds.items()))  # fmt: skip
-            figures["requests_per_commit"] = per_commit
+            figures.update(_requests(moto, tmp))
     _bars(figures)
     report(figures)
 
@@ -427,6 +439,17 @@ def _lag(store: Store, seconds: float) -> dict[str, float]:
           f"(the server commits every 1 s, the follower polls every 0.2 s)")  # fmt: skip
     key = "follow_lag" if store.name == "local" else "s3_follow_lag"
     return {f"{key}_p50_s": p50, f"{key}_p99_s": p99}
+
+
+def _requests(moto: Moto, tmp: Path) -> dict[str, float]:
+    figures = {}
+    for writers, key in ((1, "requests_per_commit"), (3, "requests_per_commit_3_writers")):
+        per_commit, kinds = requests_per_commit(moto, tmp, writers)
+        print(f"requests per commit, {writers} writer(s) committing back to back: "
+              f"{per_commit:.2f}: "
+              + ", ".join(f"{kind} {count:.2f}" for kind, count in kinds.items()))  # fmt: skip
+        figures[key] = per_commit
+    return figures
 
 
 def _bars(figures: dict[str, float | None]) -> None:
