@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "pipeline.importers.command",
     "pipeline.commands.inspection",
     "pipeline.commands.replay",
+    "pipeline.commands.compaction",
 )
 
 

@@ -1,0 +1,266 @@
+"""Upkeep of a dataset's Delta tables: compaction, log checkpoints and vacuum.
+
+Every commit of a writer adds one small file, so a live dataset gathers many; ``deltalake``'s
+own OPTIMIZE merges them (:func:`upkeep`). Its commit removes the small files and adds the
+merged ones with ``dataChange`` false: the rows are the same, so a following reader, which reads
+only what data-changing commits add (``delta.Snapshot.advance``), reads none of them again, and
+a reader that opens the table later reads the merged files instead of the small ones. The
+commit is an ordinary Delta commit: a writer appending meanwhile does not conflict with it (an
+append reads nothing), so writers and compaction run at the same time.
+
+The removed files stay on storage until a vacuum deletes those removed longer than the retention
+period ago: until then, a follower behind the compaction and a reader pinned to an older version
+still read them. :func:`check_retention` refuses a retention shorter than the table's own
+(``delta.deletedFileRetentionDuration``, 7 days by default) unless forced.
+
+The merged files are written by delta-rs, not pyarrow, with the writer properties closest to
+rlpipe's own shards that delta-rs takes (:func:`writer_properties`): zstd, byte-stream-split
+floats, delta-packed ``t``. delta-rs takes per-column settings only for top-level columns and a
+column cannot both use a dictionary and name its fallback encoding, so flat non-float columns are
+written plain (zstd takes their repeats) and a nested column's leaves take the default.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from deltalake import ColumnProperties, DeltaTable, WriterProperties
+from deltalake.exceptions import DeltaError
+
+from pipeline.dataset.delta import Table
+from pipeline.dataset.location import Location, storage_failure
+from pipeline.errors import ConfigError, RlpipeError
+from pipeline.format import layout
+
+DEFAULT_RETENTION_HOURS = 168  # Delta's default delta.deletedFileRetentionDuration: 7 days
+ROW_GROUP_ROWS = 131_072  # as rlpipe's own shards (WriterConfig.row_group_rows)
+_FLOATS = ("float", "double")
+_UNITS_HOURS = {"hour": 1.0, "day": 24.0, "week": 168.0, "minute": 1 / 60, "second": 1 / 3600}
+
+
+@dataclass(frozen=True)
+class TableUpkeep:
+    """What upkeep did to one table: its files, bytes and rows before and after, versions, and
+    how many removed files the vacuum deleted."""
+
+    table: str
+    files_before: int
+    bytes_before: int
+    files_after: int
+    bytes_after: int
+    rows: int
+    version_before: int | None
+    version_after: int | None
+    vacuumed: int
+
+    def describe(self) -> str:
+        per_row = f", {self.bytes_after / self.rows:.1f} B/row" if self.rows else ""
+        return (
+            f"{self.table}: {self.files_before} files ({self.bytes_before} B) -> "
+            f"{self.files_after} files ({self.bytes_after} B){per_row}; version "
+            f"{self.version_before} -> {self.version_after}; {self.vacuumed} removed files deleted"
+        )
+
+
+def writer_properties(delta: DeltaTable) -> WriterProperties:
+    """Parquet writer properties for the merged files of ``delta``, as close to rlpipe's own
+    shards as delta-rs allows (see the module's docstring)."""
+    columns: dict[str, ColumnProperties] = {}
+    nested: set[str] = set()
+    for field in delta.schema().fields:
+        kinds = _leaf_types(field.type)
+        if getattr(field.type, "type", None) not in kinds:  # a list or struct: leaves nested
+            nested.update(kinds)
+        elif kinds[0] in _FLOATS:
+            columns[field.name] = ColumnProperties(False, encoding="BYTE_STREAM_SPLIT")
+        elif field.name == "t":
+            columns[field.name] = ColumnProperties(False, encoding="DELTA_BINARY_PACKED")
+        else:
+            columns[field.name] = ColumnProperties(False, encoding="PLAIN")
+    default = None
+    if nested and nested <= set(_FLOATS):  # observations of Boxes: split every leaf
+        default = ColumnProperties(False, encoding="BYTE_STREAM_SPLIT")
+    return WriterProperties(
+        compression="ZSTD",
+        max_row_group_size=ROW_GROUP_ROWS,
+        default_column_properties=default,
+        column_properties=columns,
+    )
+
+
+def _leaf_types(kind: Any) -> list[str]:
+    if hasattr(kind, "element_type"):
+        return _leaf_types(kind.element_type)
+    if hasattr(kind, "fields"):
+        return [leaf for field in kind.fields for leaf in _leaf_types(field.type)]
+    return [str(getattr(kind, "type", kind))]
+
+
+def retention_hours_of(delta: DeltaTable) -> float:
+    """The table's ``delta.deletedFileRetentionDuration`` in hours (Delta's default: 168)."""
+    text = delta.metadata().configuration.get("delta.deletedFileRetentionDuration") or ""
+    match = re.fullmatch(r"\s*interval\s+(\d+)\s+(\w+?)s?\s*", text, re.I)
+    if match is None or match.group(2).lower() not in _UNITS_HOURS:
+        return float(DEFAULT_RETENTION_HOURS)
+    return int(match.group(1)) * _UNITS_HOURS[match.group(2).lower()]
+
+
+def check_retention(location: Location, hours: float, force: bool) -> None:
+    """Refuse a vacuum retention shorter than the tables' own, unless ``force``.
+
+    Raises:
+        ConfigError: naming ``--retention-hours``, the shortest safe value, and why: files a
+            compaction removed are still read by a follower behind it, a reader pinned to an
+            older version, and a writer committing a shard it wrote just before.
+    """
+    if not hours >= 0:
+        raise ConfigError("compact", "retention_hours", "hours >= 0", hours)
+    if force:
+        return
+    for name in (layout.STEPS, layout.EPISODES):
+        delta = Table(location, name).open()
+        if delta is None:
+            continue
+        needed = retention_hours_of(delta)
+        if hours < needed:
+            raise ConfigError(
+                "compact",
+                "retention_hours",
+                f"at least the {name} table's retention of {needed:g} hours (a follower behind "
+                "the compaction, a reader or training run pinned to an older version, and a "
+                "writer about to commit a shard it just wrote may still read files removed "
+                "since; --force vacuums anyway)",
+                hours,
+            )
+
+
+def upkeep(
+    location: Location,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+    *,
+    force: bool = False,
+    vacuum: bool = True,
+    target_bytes: int | None = None,
+) -> list[TableUpkeep]:
+    """Compact each table of the dataset, checkpoint its log, drop log entries past the log
+    retention, and (``vacuum``) delete files removed longer than ``retention_hours`` ago.
+
+    Raises:
+        ConfigError: a retention shorter than the tables' own without ``force``.
+        DatasetError: the store failed, naming the URI and the cause.
+    """
+    if vacuum:
+        check_retention(location, retention_hours, force)
+    done = []
+    for name in (layout.STEPS, layout.EPISODES):
+        table = Table(location, name)
+        delta = table.open()
+        if delta is not None:
+            done.append(_upkeep_table(table, delta, retention_hours, vacuum, target_bytes))
+    return done
+
+
+def _upkeep_table(
+    table: Table,
+    delta: DeltaTable,
+    retention_hours: float,
+    vacuum: bool,
+    target_bytes: int | None,
+) -> TableUpkeep:
+    before = table.files()
+    version_before = table.version
+    call = _caller(table)
+    if len(before) > 1:
+        call(
+            "compacting",
+            lambda: delta.optimize.compact(
+                target_size=target_bytes, writer_properties=writer_properties(delta)
+            ),
+        )
+        call("reading the log", delta.update_incremental)
+    call("checkpointing the log", delta.create_checkpoint)
+    call("cleaning up the log", delta.cleanup_metadata)
+    deleted: list[str] = []
+    if vacuum:
+        deleted = call(
+            "vacuuming",
+            lambda: delta.vacuum(
+                retention_hours=int(retention_hours),
+                dry_run=False,
+                enforce_retention_duration=False,  # check_retention decided
+            ),
+        )
+    after = table.files()
+    return TableUpkeep(
+        table.name,
+        len(before),
+        sum(entry.size for entry in before),
+        len(after),
+        sum(entry.size for entry in after),
+        sum(entry.rows or 0 for entry in after),
+        version_before,
+        table.version,
+        len(deleted),
+    )
+
+
+def _caller(table: Table) -> Callable[[str, Callable[[], Any]], Any]:
+    def call(doing: str, action: Callable[[], Any]) -> Any:
+        try:
+            return action()
+        except (DeltaError, OSError) as error:
+            raise storage_failure(table.location, f"{doing} {table.name}", error) from None
+
+    return call
+
+
+class Compactor:
+    """Upkeep in a background thread every ``every_s`` seconds (``rlpipe serve
+    --compact-every``): compaction, checkpoint and a vacuum at the tables' own retention.
+
+    A pass that loses a race (another server compacted the same files first) or meets a store
+    error is reported through ``report`` and tried again at the next tick; it never stops the
+    server, and its writers' commits go on meanwhile.
+    """
+
+    def __init__(
+        self, location: Location, every_s: float, report: Callable[[str], None] = print
+    ) -> None:
+        if not every_s > 0:
+            raise ConfigError("serve", "compact_every", "seconds > 0", every_s)
+        self.location = location
+        self.every_s = every_s
+        self.report = report
+        self.passes = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="compactor", daemon=True)
+
+    def start(self) -> Compactor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.run_once()
+
+    def run_once(self) -> list[TableUpkeep]:
+        """One pass; a failure is reported and counted, not raised."""
+        try:
+            done = upkeep(self.location, DEFAULT_RETENTION_HOURS)
+        except (RlpipeError, DeltaError, OSError) as error:  # a lost race is a DatasetError
+            self.failures += 1
+            self.report(f"compaction failed, trying again in {self.every_s:g}s: {error}")
+            return []
+        self.passes += 1
+        for entry in done:
+            self.report(f"compacted {entry.describe()}")
+        return done
