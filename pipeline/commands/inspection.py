@@ -191,12 +191,14 @@ def _health(location: Any, manifest: Any) -> dict[str, list[Any]]:
     from pipeline.dataset import discovery
     from pipeline.dataset.quarantine import find_damaged
     from pipeline.dataset.recovery import pending_segments
+    from pipeline.dataset.upkeep import removed_paths
     from pipeline.format import layout
 
     filesystem, root = location.filesystem, location.root
     uncommitted: list[str] = []
     for table in layout.TABLES:
         committed = set(discovery.list_shards(location, table))
+        committed |= {location.path(table, p) for p in removed_paths(location, table)}
         selector = pafs.FileSelector(f"{root}/{table}", recursive=True, allow_not_found=True)
         for info in filesystem.get_file_info(selector):
             relative = info.path[len(root) + 1 :]

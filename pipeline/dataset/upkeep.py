@@ -22,11 +22,13 @@ written plain (zstd takes their repeats) and a nested column's leaves take the d
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from deltalake import ColumnProperties, DeltaTable, WriterProperties
 from deltalake.exceptions import DeltaError
@@ -216,6 +218,33 @@ def _caller(table: Table) -> Callable[[str, Callable[[], Any]], Any]:
             raise storage_failure(table.location, f"{doing} {table.name}", error) from None
 
     return call
+
+
+def removed_paths(location: Location, table: str) -> set[str]:
+    """Paths (under ``table``) that a commit removed and a vacuum has not deleted yet, as far as
+    the log still says: the ``remove`` actions of its commit files and its checkpoints. Such a
+    file on storage is no stray (``rlpipe inspect``): followers may still read it."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    filesystem = location.filesystem
+    log = location.path(table, "_delta_log")
+    selector = pafs.FileSelector(log, allow_not_found=True)
+    removed: set[str] = set()
+    try:
+        for info in filesystem.get_file_info(selector):
+            if info.path.endswith(".json"):
+                with filesystem.open_input_stream(info.path) as stream:
+                    lines = stream.read().decode("utf-8").splitlines()
+                actions = [json.loads(line) for line in lines if '"remove"' in line]
+                removed.update(unquote(a["remove"]["path"]) for a in actions if "remove" in a)
+            elif info.path.endswith(".checkpoint.parquet"):
+                with filesystem.open_input_file(info.path) as file:
+                    column = pq.read_table(file, columns=["remove"]).column("remove")
+                removed.update(unquote(r["path"]) for r in column.to_pylist() if r)
+    except OSError as error:
+        raise storage_failure(location, f"reading the {table} table's log", error) from None
+    return removed
 
 
 class Compactor:

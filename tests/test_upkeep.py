@@ -1,0 +1,207 @@
+"""Compaction, checkpoints and vacuum of a dataset's Delta tables while writers append and
+followers read (``pipeline/dataset/upkeep.py``, ``rlpipe compact``): no row is read twice or lost
+because of them, and the merged files keep rlpipe's encodings."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import cartpole_spaces
+from deltalake import DeltaTable
+from s3_fixtures import SECRET, Bucket
+
+from pipeline import DatasetWriter, InputReader, WriterConfig
+from pipeline.commands.cli import main
+from pipeline.dataset.location import Location, locate
+from pipeline.dataset.upkeep import Compactor, upkeep
+from pipeline.errors import ConfigError
+from pipeline.format import layout
+
+
+def columns(name: str, rows: int, rng: np.random.Generator) -> dict[str, Any]:
+    observations = rng.standard_normal((rows, 4)).astype(np.float32)
+    return {
+        "episode_id": np.full(rows, name),
+        "t": np.arange(rows),
+        "observation": observations,
+        "action": rng.integers(0, 2, rows),
+        "reward": rng.standard_normal(rows),
+        "next_observation": observations,
+        "terminated": np.zeros(rows, bool),
+        "truncated": np.arange(rows) == rows - 1,
+    }
+
+
+def keys(batches: list[Any]) -> Counter[tuple[str, str, int]]:
+    return Counter(
+        (str(e), str(a), int(t))
+        for b in batches
+        for e, a, t in zip(b.episode_ids, b.agent_ids, b.ts, strict=True)
+    )
+
+
+def write_commits(location: Location, commits: int, rows: int = 200, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    options = dict(location.storage_options)
+    with DatasetWriter(
+        location.uri, *cartpole_spaces(), storage_options=options, state_dir=location.state_dir
+    ) as writer:
+        for number in range(commits):
+            writer.append(columns(f"s{seed}-{number}", rows, rng))
+            writer.flush()
+
+
+def operations(location: Location) -> Counter[str]:
+    table = DeltaTable(
+        location.table_uri(layout.STEPS), storage_options=dict(location.storage_options)
+    )
+    return Counter(entry["operation"] for entry in table.history())
+
+
+def test_compaction_merges_files_and_keeps_the_encodings(tmp_path: Path) -> None:
+    """30 commits of 200 steps become one file of about the bytes per step of rlpipe's own
+    shards; floats stay byte-stream-split, ``t`` delta-packed, zstd throughout; every row reads
+    back once, and ``rlpipe inspect`` sees the merged file."""
+    location = locate(tmp_path / "ds")
+    write_commits(location, 30)
+    before = list(InputReader(location.uri, batch_size=100_000))
+    (done,) = upkeep(location)
+    assert (done.files_before, done.files_after, done.rows) == (30, 1, 6000)
+    assert done.bytes_after < done.bytes_before  # one footer instead of 30, and longer runs
+    assert done.bytes_after / done.rows < 40  # CartPole: ~31 bytes per step as rlpipe's own
+    (merged,) = DeltaTable(location.table_uri(layout.STEPS)).file_uris()
+    group = pq.read_metadata(merged).row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    assert "BYTE_STREAM_SPLIT" in encodings["observation.list.element"].encodings
+    assert "BYTE_STREAM_SPLIT" in encodings["reward"].encodings
+    assert "DELTA_BINARY_PACKED" in encodings["t"].encodings
+    assert {column.compression for column in encodings.values()} == {"ZSTD"}
+    after = list(InputReader(location.uri, batch_size=100_000))
+    assert keys(after) == keys(before) and max(keys(after).values()) == 1
+    assert operations(location)["OPTIMIZE"] == 1
+    assert len(list((tmp_path / "ds" / "steps" / "_delta_log").glob("*.checkpoint.parquet"))) == 1
+
+    from pipeline.commands.inspection import inspect_dataset
+
+    report = inspect_dataset(location.uri)
+    assert report["rows"] == 6000 and report["shards"]["steps"] == 1
+    assert not report["health"]["uncommitted"] and not report["health"]["unreadable"]
+
+
+def test_a_follower_reads_every_row_once_through_compactions(tmp_path: Path) -> None:
+    """A writer appends in a thread while compaction runs again and again (with a vacuum at
+    the default retention); a follower started before the first commit counts every
+    (episode_id, agent_id, t) the writer acknowledged exactly once, and neither the writer's
+    commits nor the compactions fail for racing each other."""
+    location = locate(tmp_path / "ds")
+    rng = np.random.default_rng(1)
+    acknowledged: Counter[tuple[str, str, int]] = Counter()
+    writer = DatasetWriter(location.uri, *cartpole_spaces(), config=WriterConfig(max_age_s=0.02))
+    follower = InputReader(location.uri, follow=True, timeout_s=3.0, poll_interval_s=0.02)
+    writing = threading.Event()
+
+    def write() -> None:
+        with writer:
+            writing.set()
+            for number in range(60):
+                rows = int(rng.integers(20, 200))
+                taken = writer.append(columns(f"e{number}", rows, rng))
+                acknowledged.update((f"e{number}", "agent0", t) for t in range(taken))
+                if number % 3 == 0:
+                    writer.flush()
+                time.sleep(0.01)
+
+    followed: list[Any] = []
+    reading = threading.Thread(target=lambda: followed.extend(follower))
+    thread = threading.Thread(target=write)
+    reading.start()
+    thread.start()
+    writing.wait()
+    compactions = 0
+    while thread.is_alive():
+        time.sleep(0.1)
+        if Path(location.table_uri(layout.STEPS), "_delta_log").exists():
+            upkeep(location)
+            compactions += 1
+    thread.join()
+    reading.join()
+    counted = keys(followed)
+    assert counted == acknowledged and max(counted.values()) == 1
+    history = operations(location)
+    assert compactions >= 3 and history["OPTIMIZE"] >= 3, (compactions, history)
+    # a reader that starts after a compaction and a vacuum of every removed file reads all once
+    upkeep(location, 0, force=True)
+    later = keys(list(InputReader(location.uri, batch_size=100_000)))
+    assert later == acknowledged and max(later.values()) == 1
+    assert len(DeltaTable(location.table_uri(layout.STEPS)).file_uris()) == 1
+
+
+def test_a_follower_behind_a_compaction_reads_its_files_once(tmp_path: Path) -> None:
+    """Commits land and are compacted away between two looks of a follower: the next look
+    reads the small files the data-changing commits added (still on storage, within the
+    retention), never the merged file that holds the same rows."""
+    location = locate(tmp_path / "ds")
+    write_commits(location, 2, seed=0)
+    follower = InputReader(location.uri, follow=True, timeout_s=0.5, poll_interval_s=0.02)
+    stream = iter(follower)
+    first = [next(stream)]
+    write_commits(location, 5, seed=1)
+    (done,) = upkeep(location)
+    assert done.files_after == 1
+    rest = list(stream)
+    counted = keys(first + rest)
+    assert sum(counted.values()) == 7 * 200 and max(counted.values()) == 1
+
+
+def test_a_short_retention_is_refused_without_force(tmp_path: Path) -> None:
+    location = locate(tmp_path / "ds")
+    write_commits(location, 3)
+    with pytest.raises(ConfigError, match=r"retention of 168 hours.*--force"):
+        upkeep(location, 1)
+    assert operations(location)["OPTIMIZE"] == 0  # refused before anything was done
+
+
+def test_the_server_compacts_in_the_background(tmp_path: Path) -> None:
+    """``Compactor`` (``rlpipe serve --compact-every``) merges a writer's commits as they come
+    and reports each pass; the writer's commits go on."""
+    location = locate(tmp_path / "ds")
+    write_commits(location, 1)
+    lines: list[str] = []
+    compactor = Compactor(location, 0.05, lines.append).start()
+    try:
+        write_commits(location, 10, seed=1)
+        deadline = time.monotonic() + 10
+        while operations(location)["OPTIMIZE"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        compactor.stop()
+    assert compactor.passes >= 1 and compactor.failures == 0, lines
+    assert any(line.startswith("compacted steps:") for line in lines)
+    assert sum(keys(list(InputReader(location.uri))).values()) == 11 * 200
+
+
+def test_rlpipe_compact_on_s3(bucket: Bucket, capsys: pytest.CaptureFixture[str]) -> None:
+    """``rlpipe compact s3://...`` with the endpoint and keys as --storage-option flags; its
+    output and errors never carry the secret."""
+    location = locate(bucket.uri(), bucket.options, bucket.state_dir)
+    write_commits(location, 6)
+    flags = [f"--storage-option={key}={value}" for key, value in bucket.options.items()]
+    assert main(["compact", bucket.uri(), "--json", *flags]) == 0
+    out = capsys.readouterr().out
+    (steps,) = json.loads(out)["tables"]
+    assert (steps["files_before"], steps["files_after"], steps["rows"]) == (6, 1, 1200)
+    assert SECRET not in out
+    assert (
+        sum(keys(list(InputReader(bucket.uri(), storage_options=bucket.options))).values()) == 1200
+    )
+    assert main(["compact", bucket.uri(), "--retention-hours", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "retention_hours" in err and "--force" in err and SECRET not in err
