@@ -16,9 +16,13 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import RlpipeError
+
+if TYPE_CHECKING:
+    from pipeline.dataset.location import Location
 
 _STEP_COLUMNS = [
     "episode_id",
@@ -51,21 +55,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="first move damaged files into DIR/_quarantine/ and list the steps and episodes "
         "lost with them, so readers can go on with the rest",
     )
+    add_storage_options(parser)
     parser.set_defaults(command_module=__name__)
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.dataset.location import locate
+
+    dataset = locate(args.dir, storage_options("inspect", args.storage_option))
     if args.repair:
         from pipeline.dataset.quarantine import format_repair, repair
 
-        repaired = repair(args.dir)
+        repaired = repair(dataset)
         print(json.dumps(repaired, indent=2) if args.json else format_repair(repaired))
-    report = inspect_dataset(args.dir, plot=args.plot)
+    report = inspect_dataset(dataset, plot=args.plot)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
 
-def inspect_dataset(path: str | Path, plot: str | Path | None = None) -> dict[str, Any]:
+def inspect_dataset(path: str | Path | Location, plot: str | Path | None = None) -> dict[str, Any]:
     """The whole report as plain JSON-ready data; with ``plot``, also the PNG of
     :func:`plot_episodes`."""
     from pipeline.dataset.location import locate

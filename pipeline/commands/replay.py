@@ -22,9 +22,13 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import ConfigError, DatasetError, RlpipeError
+
+if TYPE_CHECKING:
+    from pipeline.dataset.location import Location
 
 _COLUMNS = (
     "observation",
@@ -87,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "re-execute the recorded actions, and report the first step where observations or "
         "rewards diverge. Exit code 0: replayed exactly; 1: diverged.",
     )
-    parser.add_argument("dir", metavar="DIR", help="the dataset directory")
+    parser.add_argument("dir", metavar="DIR", help="the dataset: a local path or a URI")
     parser.add_argument(
         "--episode", metavar="ID", help="the episode id (with --to: all episodes when absent)"
     )
@@ -109,13 +113,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --to: upload in batches (local) or one request per step (remote)",
     )
     parser.add_argument("--token", default=None, help="with --to: the server's bearer token")
+    add_storage_options(parser)
     parser.set_defaults(command_module=__name__)
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.dataset.location import locate
+
+    dataset = locate(args.dir, storage_options("replay", args.storage_option))
     if args.to:
         episodes, steps = resend(
-            args.dir,
+            dataset,
             args.to,
             episode_id=args.episode,
             inference_mode=args.inference_mode,
@@ -125,13 +133,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.episode:
         raise ConfigError("replay", "episode", "an episode id (--episode ID), or --to", None)
-    result = replay_episode(args.dir, args.episode, agent_id=args.agent, render=args.render)
+    result = replay_episode(dataset, args.episode, agent_id=args.agent, render=args.render)
     print(json.dumps(asdict(result), default=str) if args.json else result.describe())
     return 0 if result.exact or result.env_id is None else 1
 
 
 def replay_episode(
-    path: str | Path,
+    path: str | Path | Location,
     episode_id: str,
     *,
     agent_id: str | None = None,
@@ -165,7 +173,7 @@ def replay_episode(
     return ReplayResult(episode_id, manifest.env_id, seed, steps, replayed, divergence, output)
 
 
-def read_episode(path: str | Path, episode_id: str, agent_id: str | None = None) -> Any:
+def read_episode(path: str | Path | Location, episode_id: str, agent_id: str | None = None) -> Any:
     """The episode's step rows as one Batch ordered by ``t``."""
     import pyarrow.dataset as ds
 
@@ -188,7 +196,7 @@ def read_episode(path: str | Path, episode_id: str, agent_id: str | None = None)
 
 
 def resend(
-    path: str | Path,
+    path: str | Path | Location,
     address: str,
     *,
     episode_id: str | None = None,
@@ -222,7 +230,7 @@ def resend(
     return episodes, steps
 
 
-def _resend_episode(client: Any, path: str | Path, episode: Any) -> int:
+def _resend_episode(client: Any, path: str | Path | Location, episode: Any) -> int:
     from pipeline.recording.batches import row_of
 
     episode_id = str(episode.episode_ids[0])
@@ -243,7 +251,7 @@ def _resend_episode(client: Any, path: str | Path, episode: Any) -> int:
 
 
 def _reset_args(
-    path: str | Path, episode_id: str, agent_id: str | None
+    path: str | Path | Location, episode_id: str, agent_id: str | None
 ) -> tuple[int | None, dict[str, Any] | None]:
     """The seed and reset options the episodes table recorded (None when it has no row)."""
     import pyarrow.dataset as ds

@@ -263,6 +263,7 @@ class Snapshot:
         self.table = table
         self.files = {entry.path: entry for entry in table.files()}  # opens the table once
         self.version = table.version
+        self.rearranged: list[str] = []  # what the last advance's compactions added
 
     def sizes(self, paths: list[str]) -> list[int | None]:
         """The sizes of files under the table, as their commits give them (None: not known)."""
@@ -274,8 +275,10 @@ class Snapshot:
 
     def advance(self) -> list[str]:
         """Apply every commit after :attr:`version`; returns the paths that data-changing
-        commits added (a compaction's rewritten files, ``dataChange`` false, are left out)."""
+        commits added (a compaction's rewritten files, ``dataChange`` false, are left out: they
+        go to :attr:`rearranged`)."""
         added: list[str] = []
+        self.rearranged = []
         while True:
             following = 0 if self.version is None else self.version + 1
             actions = self._commit(following)
@@ -288,6 +291,8 @@ class Snapshot:
                     self.files[entry.path] = entry
                     if add.get("dataChange", True):
                         added.append(entry.path)
+                    else:
+                        self.rearranged.append(entry.path)
                 elif "remove" in action:
                     self.files.pop(unquote(action["remove"]["path"]), None)
             self.version = following

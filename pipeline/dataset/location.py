@@ -53,8 +53,11 @@ class Location:
     """
 
     uri: str
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets
     state_dir: Path = Path()
+
+    def __str__(self) -> str:  # what messages that name the dataset print: never its options
+        return self.uri
 
     @property
     def local(self) -> bool:

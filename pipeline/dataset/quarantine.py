@@ -63,7 +63,7 @@ class Quarantine:
         return entry
 
 
-def repair(path: str | Path) -> dict[str, Any]:
+def repair(path: str | Path | Location) -> dict[str, Any]:
     """Move a dataset's damaged files into quarantine and say what was lost with them.
 
     The manifest, if damaged, is rebuilt from the spaces every step shard records; damaged

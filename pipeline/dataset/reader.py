@@ -30,7 +30,7 @@ from pipeline.dataset import damage, decoding, discovery
 from pipeline.dataset.assembly import EpisodeAssembler
 from pipeline.dataset.batch import COLUMN_OF_FIELD, Batch
 from pipeline.dataset.delta import Snapshot, Table, restore
-from pipeline.dataset.location import locate
+from pipeline.dataset.location import Location, locate
 from pipeline.errors import ConfigError, DatasetError
 from pipeline.format import layout, schema
 from pipeline.format.manifest import read_manifest
@@ -55,7 +55,9 @@ class ReaderConfig:
             agent_ids: filters, pushed down to the files.
         skip_shards: shards not to read, as paths under the dataset root
             (``steps/date=.../part-....parquet``, as :attr:`InputReader.shards_read` gives them):
-            a follower resumes after the shards an earlier one read.
+            a follower resumes after the shards an earlier one read, with ``version`` the
+            :attr:`InputReader.version` it had then (files a later compaction merged them into
+            have other names).
         version: read the step table as it was at this Delta version (with ``follow``, then
             follow on from it); None reads the latest. :attr:`InputReader.version` says which
             version a pass read.
@@ -125,7 +127,7 @@ class InputReader:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | Location,
         config: ReaderConfig | None = None,
         *,
         filter: ds.Expression | None = None,
@@ -260,6 +262,9 @@ class InputReader:
                 return
             yield _CAUGHT_UP
             files = snapshot.advance()
+            # a compaction's files hold rows read already, from the files it merged (or from
+            # ``files``): mark them read, so a follower resuming from shards_read skips them
+            seen.update(f"{layout.STEPS}/{path}" for path in snapshot.rearranged)
             if paths or files:  # shards came in while the consumer used these: read them now
                 continue
             timeout = self.config.timeout_s

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import ConfigError, DatasetError
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the file, directory or glob pattern to import (rllib-*, table; quote a pattern, "
         "'DIR/*.json', so the shell leaves it to rlpipe)",
     )
-    parser.add_argument("dir", metavar="DIR", help="the new dataset directory")
+    parser.add_argument("dir", metavar="DIR", help="the new dataset: a local path or a URI")
     parser.add_argument(
         "--env",
         dest="env_id",
@@ -57,12 +58,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "actions_in_input_normalized, as in its recorded Pendulum data): store them in the "
         "action space's units",
     )
+    add_storage_options(parser)
     parser.set_defaults(command_module=__name__)
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.dataset.location import locate
     from pipeline.importers.transitions import env_spaces, infer_spaces, write_dataset
 
+    options = storage_options("import", args.storage_option)
+    destination = locate(args.dir, options)
     if args.max_episode_steps is not None and args.max_episode_steps < 1:
         raise ConfigError("import", "max_episode_steps", "an integer >= 1", args.max_episode_steps)
     if len(args.src) > 1:
@@ -72,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "rlpipe-v1":
         from pipeline.importers.rlpipe_v1 import convert
 
-        print(convert(args.src[0], args.dir).describe())
+        print(convert(args.src[0], args.dir, options).describe())
         return 0
     steps, env_hint = _readers()[args.format](args.src[0])
     env_id = args.env_id or env_hint
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             observation_space, action_space = infer_spaces(steps)
     summary = write_dataset(
         steps,
-        args.dir,
+        destination,
         env_id=env_id,
         max_episode_steps=args.max_episode_steps,
         observation_space=observation_space,

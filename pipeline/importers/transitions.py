@@ -23,7 +23,9 @@ from typing import Any, TypeGuard
 import gymnasium as gym
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
+from pipeline.dataset.location import Location, locate
 from pipeline.dataset.writer import DatasetWriter
 from pipeline.errors import ConfigError, DatasetError, RlpipeWarning
 from pipeline.format import layout
@@ -141,7 +143,7 @@ def infer_spaces(steps: SourceSteps) -> tuple[gym.Space[Any], gym.Space[Any]]:
 
 def write_dataset(
     steps: SourceSteps,
-    path: str | Path,
+    path: str | Path | Location,
     *,
     env_id: str | None = None,
     max_episode_steps: int | None = None,
@@ -164,8 +166,10 @@ def write_dataset(
         DatasetError: when ``path`` already holds a dataset (an import never appends).
         SchemaError: when the data does not fit the spaces.
     """
-    if (Path(path) / layout.MANIFEST).exists():
-        raise DatasetError(f"{path}: already holds a dataset; import into a new directory")
+    location = locate(path)
+    manifest = location.filesystem.get_file_info(location.path(layout.MANIFEST))
+    if manifest.type != pafs.FileType.NotFound:
+        raise DatasetError(f"{location}: already holds a dataset; import into a new directory")
     if not len(steps.episode_keys):
         raise DatasetError("the source holds no steps; nothing to import")
     if observation_space is None or action_space is None:
@@ -179,14 +183,21 @@ def write_dataset(
     limit = max_episode_steps if max_episode_steps is not None else time_limit(env_id)
     episodes = split_episodes(steps, limit)
     returns = _returns(steps.rewards[episodes.order], episodes)
-    with DatasetWriter(path, observation_space, action_space, env_id=env_id) as writer:
+    with DatasetWriter(
+        location.uri,
+        observation_space,
+        action_space,
+        env_id=env_id,
+        storage_options=location.storage_options,
+        state_dir=location.state_dir,
+    ) as writer:
         for start in range(0, len(episodes.order), _CHUNK_ROWS):
             writer.append(_step_columns(steps, episodes, slice(start, start + _CHUNK_ROWS)))
         writer.append_episodes(_episode_columns(steps, episodes, returns, env_id))
     last = episodes.ends - 1
     terminated = int(episodes.terminateds[last].sum()) if len(last) else 0
     return ImportSummary(
-        path=str(Path(path).resolve()),
+        path=location.uri if not location.local else str(Path(location.uri).resolve()),
         steps=len(episodes.order),
         episodes=len(episodes.starts),
         terminated=terminated,

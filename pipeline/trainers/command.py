@@ -1,4 +1,4 @@
-"""``rlpipe train {ppo,sac,bc,marwil,cql} --data DIR``: train from a dataset, live or historic.
+"""``rlpipe train {ppo,sac,bc,marwil,cql} --data URI``: train from a dataset, live or historic.
 
 Rows of ``training_enabled=False`` episodes are skipped unless ``--include-untrained`` is given.
 torch is imported only when the command runs, so ``rlpipe --help`` stays fast.
@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,9 +35,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     parser.add_argument("algorithm", choices=ALGORITHMS)
+    parser.add_argument("--data", required=True, help="the dataset: a local path or a URI")
     parser.add_argument(
-        "--data", required=True, help="the dataset: a directory or a URI (s3://bucket/prefix)"
+        "--data-version",
+        type=int,
+        metavar="N",
+        help="train on the step table as it was at this Delta version (with --follow: start "
+        "there, then follow); the version read goes to RUN/reads.jsonl either way",
     )
+    add_storage_options(parser)
     parser.add_argument(
         "--follow",
         action="store_true",
@@ -86,6 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.dataset.location import locate
     from pipeline.format.manifest import read_manifest
     from pipeline.trainers import loop
     from pipeline.trainers.runlog import RunLog
@@ -94,20 +102,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("train", "follow", f"an online algorithm {ONLINE}", args.algorithm)
     if not args.follow and args.algorithm not in OFFLINE:
         raise ConfigError("train", "algorithm", f"--follow, or one of {OFFLINE}", args.algorithm)
-    if args.follow and "://" in args.data:
-        raise ConfigError(
-            "train",
-            "data",
-            "a local dataset with --follow (online trainers publish policies into "
-            "DATASET/checkpoints/, on local disk)",
-            args.data,
-        )
-    manifest = read_manifest(args.data)
+    options = storage_options("train", args.storage_option)
+    manifest = read_manifest(locate(args.data, options))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{args.algorithm}-{stamp}"
     default_batch = _BATCH_SIZE.get(args.algorithm, 256)
     settings = loop.LoopSettings(
-        data=args.data if "://" in args.data else Path(args.data),
+        data=args.data,
+        data_version=args.data_version,
+        storage_options=options,
         run_dir=run_dir,
         env_id=args.env or manifest.env_id,
         follow=args.follow,
@@ -121,13 +124,13 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         include_untrained=args.include_untrained,
     )
-    options = {name: getattr(args, name) for name, _, _ in _HYPERPARAMETERS}
+    given = {name: getattr(args, name) for name, _, _ in _HYPERPARAMETERS}
     trainer = make_trainer(
         args.algorithm,
         manifest.observation_space,
         manifest.action_space,
         seed=args.seed,
-        **{name: value for name, value in options.items() if value is not None},
+        **{name: value for name, value in given.items() if value is not None},
     )
     log = RunLog(run_dir, f"{args.algorithm} {'online' if args.follow else 'offline'}")
     try:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +59,7 @@ _ALL_NEW_ROWS = 1 << 30  # a reader batch size no look at a live dataset fills
 class LoopSettings:
     """When to evaluate, publish and stop; see ``rlpipe train --help``."""
 
-    data: Path | str  # a directory, or a URI (s3://bucket/prefix) for offline training
+    data: str | Path
     run_dir: Path
     env_id: str | None = None
     follow: bool = False
@@ -73,6 +73,8 @@ class LoopSettings:
     timeout_s: float = 60.0
     seed: int = 0
     include_untrained: bool = False
+    data_version: int | None = None
+    storage_options: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         validation.counts(self, "batch_size", "eval_every", "eval_episodes", owner="train")
@@ -89,6 +91,16 @@ class LoopSettings:
                 raise ConfigError(
                     "train", "env", "a registered gymnasium id", f"{self.env_id} ({error})"
                 ) from None
+        version = self.data_version
+        if version is not None and (not isinstance(version, int) or version < 0):
+            raise ConfigError("train", "data_version", "a table version >= 0", version)
+        if self.follow and "://" in str(self.data):
+            raise ConfigError(
+                "train",
+                "data",
+                "a local dataset with --follow (online runs publish checkpoints into it)",
+                str(self.data),
+            )
         if not isinstance(self.include_untrained, bool):
             raise ConfigError("train", "include_untrained", "a bool", self.include_untrained)
 
@@ -103,8 +115,9 @@ class _Run:
 
     def __init__(self, trainer: Trainer, settings: LoopSettings, log: RunLog) -> None:
         self.trainer, self.settings, self.log = trainer, settings, log
-        published = Path(settings.data) if settings.follow else settings.run_dir
-        self.publish_dir = published / "checkpoints"
+        self.publish_dir = (
+            Path(settings.data if settings.follow else settings.run_dir) / "checkpoints"
+        )
         self.progress = state.Progress()
         state_file = settings.run_dir / state.STATE_FILE
         if state_file.exists():
@@ -126,6 +139,7 @@ class _Run:
         if self.progress.sampler is not None:
             self.rng.bit_generator.state = self.progress.sampler
         self._delivered = self.progress.shards  # shards the reader has yielded all rows of
+        self._data_version = self.progress.data_version  # the table version they were read at
         self.start = self.saved = time.monotonic()
         # checkpoints are written off the training thread: most of a write is its two fsyncs,
         # a few ms of each online PPO update otherwise (more when other processes write)
@@ -172,6 +186,7 @@ class _Run:
             updates=self.updates,
             version=self.version,
             sampler=None if self.settings.follow else self.rng.bit_generator.state,
+            data_version=self._data_version,
         )
         arrays = {**self.trainer.state_dict(), state.PROGRESS: progress.to_array()}
         state.save_state(self.settings.run_dir, arrays)
@@ -181,14 +196,20 @@ class _Run:
         """Online: every row read so far is in the trainer (its buffer, or trained on), so a
         state saved now resumes after them."""
         self.progress = dataclasses.replace(
-            self.progress, shards=self._delivered, env_steps=env_steps, trained_rows=trained_rows
+            self.progress,
+            shards=self._delivered,
+            data_version=self._data_version,
+            env_steps=env_steps,
+            trained_rows=trained_rows,
         )
 
     def follow(self, **filters: Any) -> Iterator[Batch]:
         """The live dataset as it is committed, one batch per look: everything new since the
         last (``training_enabled`` rows only, unless the run includes the others), after the
-        shards of the saved read position. Each batch's shards go to the run's read log."""
+        shards of the saved read position (read at its table version, from which the reader
+        follows on). Each batch's shards and table version go to the run's read log."""
         s = self.settings
+        resumed = bool(self.progress.shards)
         reader = InputReader(
             s.data,
             batch_size=_ALL_NEW_ROWS,
@@ -197,12 +218,14 @@ class _Run:
             poll_interval_s=POLL_S,
             training_enabled=s.training_enabled,
             skip_shards=tuple(self.progress.shards),
+            version=self.progress.data_version if resumed else s.data_version,
+            storage_options=_options(s),
             **filters,
         )
         for batch in reader:
             delivered = reader.shards_read
             self.log.read(sorted(delivered - self._delivered), len(batch), reader.version)
-            self._delivered = delivered
+            self._delivered, self._data_version = delivered, reader.version
             yield batch
 
     def finished(self, score: float | None) -> bool:
@@ -216,12 +239,20 @@ class _Run:
 
 def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
     run = _Run(trainer, settings, log)
-    reader = InputReader(settings.data, episodes=True, training_enabled=settings.training_enabled)
+    pinned = run.progress.data_version
+    reader = InputReader(
+        settings.data,
+        episodes=True,
+        training_enabled=settings.training_enabled,
+        version=settings.data_version if pinned is None else pinned,  # resumed: its own
+        storage_options=_options(settings),
+    )
     data = Batch.concat(reader)
-    log.read(sorted(reader.shards_read), len(data), reader.version)
     if not len(data):
         which = "rows" if settings.include_untrained else "training_enabled rows"
         raise DatasetError(f"{settings.data}: no {which} to train on")
+    run._data_version = reader.version
+    log.read(sorted(reader.shards_read), len(data), reader.version)
     rows = data
     with run:
         while True:
@@ -237,6 +268,10 @@ def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict
                     return entry
             elif time.monotonic() - run.saved >= STATE_EVERY_S:
                 run.save_state()
+
+
+def _options(settings: LoopSettings) -> dict[str, str] | None:
+    return dict(settings.storage_options) if settings.storage_options else None
 
 
 def train_online(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[str, Any]:

@@ -120,6 +120,9 @@ class Progress:
         env_steps, trained_rows: online, rows read from the dataset and rows trained on.
         shards: online, the shards every row of which the trainer holds (in its replay buffer, or
             trained on): its read position, as paths under the dataset root.
+        data_version: the step table's version the read position is at (online: ``shards``
+            were read up to it; offline: the version trained on), so a resumed run reads on
+            from there, whatever compactions renamed the files since.
         min_policy_version: online PPO, its first version: it reads the rows of its own versions.
         sampler: offline, the state of the minibatch sampler's bit generator.
     """
@@ -129,6 +132,7 @@ class Progress:
     env_steps: int = 0
     trained_rows: int = 0
     shards: frozenset[str] = frozenset()
+    data_version: int | None = None
     min_policy_version: int | None = None
     sampler: Mapping[str, Any] | None = None
 
