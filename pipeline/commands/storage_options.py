@@ -44,8 +44,8 @@ def storage_options(command: str, given: list[str] | None) -> dict[str, str]:
     for word in given or []:
         key, equals, value = word.partition("=")
         key = key.strip()
-        if not equals or not _KEY.fullmatch(key):
-            shown = key if _KEY.fullmatch(key) else "(a malformed word)"
+        if not equals or not _KEY.fullmatch(key):  # the word may be a secret: never shown
+            shown = "a word without '='" if not equals else "a malformed key before '='"
             raise ConfigError(command, "storage_option", f"{FLAG} KEY=VALUE", shown)
         if key.upper() in (k.upper() for k in options):
             raise ConfigError(command, "storage_option", f"each key once in {FLAG}", key)

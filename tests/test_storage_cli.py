@@ -1,0 +1,62 @@
+"""The commands on a dataset in a bucket: ``--storage-option KEY=VALUE`` against moto's S3
+endpoint (``s3_fixtures``), and the errors of a bad option, which name the flag and never a
+secret."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from s3_fixtures import SECRET, Bucket
+from test_upkeep import write_commits
+
+from pipeline.commands.cli import main
+from pipeline.dataset.location import locate
+
+
+def flags(options: dict[str, str]) -> list[str]:
+    return [f"--storage-option={key}={value}" for key, value in options.items()]
+
+
+def test_inspect_and_train_a_dataset_in_a_bucket(
+    bucket: Bucket, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    location = locate(bucket.uri(), bucket.options, bucket.state_dir)
+    write_commits(location, 3)
+    assert main(["inspect", bucket.uri(), "--json", *flags(bucket.options)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    assert report["rows"] == 600 and report["shards"]["steps"] == 3
+    assert not report["health"]["uncommitted"] and SECRET not in out
+    run_dir = tmp_path / "run"
+    args = ["train", "bc", "--data", bucket.uri(), "--run-dir", str(run_dir), "--max-updates",
+            "3", "--eval-every", "3", "--hidden", "8,8", "--batch-size", "32"]  # fmt: skip
+    assert main([*args, "--data-version", "1", *flags(bucket.options)]) == 0
+    (line,) = [json.loads(text) for text in (run_dir / "reads.jsonl").read_text().splitlines()]
+    assert (line["version"], line["rows"]) == (1, 400)
+    captured = capsys.readouterr()
+    assert SECRET not in captured.out + captured.err
+
+
+@pytest.mark.parametrize(
+    ("word", "shown"),
+    [
+        ("AWS_ENDPOINT_URL=localhost:5000", "an endpoint URL"),
+        ("AWS_ALLOW_HTTP=maybe", "AWS_ALLOW_HTTP=true or AWS_ALLOW_HTTP=false"),
+        (f"AWS_SECRET_ACCESS_KEY{SECRET}", "KEY=VALUE"),
+        ("=value", "KEY=VALUE"),
+    ],
+)
+@pytest.mark.parametrize("command", ["inspect", "compact", "replay", "train"])
+def test_a_bad_option_names_the_flag(
+    command: str, word: str, shown: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    location = locate(tmp_path / "ds")
+    write_commits(location, 1)
+    args = {"train": ["train", "bc", "--data", location.uri], "replay": ["replay", location.uri,
+            "--episode", "s0-0"]}.get(command, [command, location.uri])  # fmt: skip
+    assert main([*args, "--storage-option", word]) == 2
+    err = capsys.readouterr().err
+    assert "--storage-option" in err and shown in err and SECRET not in err
+    assert f"{command}.storage_option" in err
