@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
 
@@ -109,6 +109,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="look for a newer checkpoint at most this often (default 0.2 s): how long a "
         "published policy may wait before remote inference and weight pulls see it",
     )
+    parser.add_argument(
+        "--compact-every",
+        type=float,
+        metavar="SECONDS",
+        help="compact the dataset this often in a background process (rlpipe compact, with "
+        "the tables' own retention); off by default. Safe with other servers writing and "
+        "trainers following; two servers compacting at once make one pass fail and retry",
+    )
     parser.set_defaults(command_module=__name__)
 
 
@@ -122,8 +130,38 @@ def run(args: argparse.Namespace) -> int:
     def announce(url: str) -> None:
         print(f"rlpipe serve: {url}/v1 -> {args.data}", file=sys.stderr, flush=True)
 
-    serve(config, args.host, args.port, args.threads, announce, tls)
+    compactor = _start_compactor(args)
+    try:
+        serve(config, args.host, args.port, args.threads, announce, tls)
+    finally:
+        if compactor is not None:
+            compactor.terminate()
+            compactor.join()
     return 0
+
+
+def _start_compactor(args: argparse.Namespace) -> Any:
+    """``--compact-every``: upkeep in a process of its own, spawned, not forked: deltalake
+    refuses to run in a process forked after it started its runtime, and the server's worker
+    is forked from this one (``server.host``)."""
+    if args.compact_every is None:
+        return None
+    if not args.compact_every > 0:
+        raise ConfigError("serve", "compact_every", "seconds > 0", args.compact_every)
+    import multiprocessing
+
+    from pipeline.dataset.location import locate
+    from pipeline.dataset.upkeep import run_compactor
+
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(
+        target=run_compactor,
+        args=(locate(args.data), args.compact_every),
+        name="rlpipe-compactor",
+        daemon=True,
+    )
+    process.start()
+    return process
 
 
 def _token(args: argparse.Namespace) -> str | None:

@@ -60,6 +60,8 @@ def write_commits(location: Location, commits: int, rows: int = 200, seed: int =
 
 
 def operations(location: Location) -> Counter[str]:
+    if not Path(location.table_uri(layout.STEPS), "_delta_log").exists() and location.local:
+        return Counter()
     table = DeltaTable(
         location.table_uri(layout.STEPS), storage_options=dict(location.storage_options)
     )
@@ -205,3 +207,31 @@ def test_rlpipe_compact_on_s3(bucket: Bucket, capsys: pytest.CaptureFixture[str]
     assert main(["compact", bucket.uri(), "--retention-hours", "0", *flags]) == 2
     err = capsys.readouterr().err
     assert "retention_hours" in err and "--force" in err and SECRET not in err
+
+
+def test_rlpipe_serve_compacts_in_the_background(tmp_path: Path) -> None:
+    """``rlpipe serve --compact-every`` compacts while clients play (its compactor is a spawned
+    process: the forked worker could not run deltalake otherwise); every step the client
+    played is in the table once, and the server stops with its compactor."""
+    from conftest import play_client
+    from server_fixtures import free_port, kill, server_log, start_serve_process
+
+    from pipeline.client import PolicyClient
+
+    data, port = tmp_path / "ds", free_port()
+    server = start_serve_process(data, port, "--compact-every", "0.3", "--commit-age", "0.05")
+    try:
+        client = PolicyClient(f"127.0.0.1:{port}", "local", update_interval=None)
+        lengths: list[int] = []
+        deadline = time.monotonic() + 60
+        while operations(locate(data))["OPTIMIZE"] < 2 and time.monotonic() < deadline:
+            lengths += play_client(client, 2, seed=len(lengths))
+            client.flush()
+        client.close()
+        log = server_log(server)
+    finally:
+        kill(server, 15)
+    assert operations(locate(data))["OPTIMIZE"] >= 2, log[-2000:]
+    assert "compacted steps:" in log and "compaction failed" not in log
+    counted = keys(list(InputReader(data, batch_size=100_000)))
+    assert sum(counted.values()) == sum(lengths) and max(counted.values()) == 1

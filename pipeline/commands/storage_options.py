@@ -21,7 +21,8 @@ _URL_KEYS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "ENDPOINT_URL", "ENDPOINT")
 HELP = (
     "an option for a dataset URI, as deltalake names them (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
     "AWS_SECRET_ACCESS_KEY, AWS_REGION, ...); repeatable; overrides the environment variable of "
-    "the same name; values are never printed"
+    "the same name; values are never printed. Give secrets in the environment instead: a "
+    "command line is visible to every user of the machine"
 )
 
 

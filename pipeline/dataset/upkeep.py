@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -245,6 +246,16 @@ def removed_paths(location: Location, table: str) -> set[str]:
     except OSError as error:
         raise storage_failure(location, f"reading the {table} table's log", error) from None
     return removed
+
+
+def run_compactor(location: Location, every_s: float) -> None:
+    """A :class:`Compactor`'s loop in the calling thread, reporting to stderr: the body of
+    ``rlpipe serve --compact-every``'s background process, which the server terminates."""
+
+    def report(line: str) -> None:
+        print(f"rlpipe serve: {line}", file=sys.stderr, flush=True)
+
+    Compactor(location, every_s, report)._run()
 
 
 class Compactor:
