@@ -115,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="compact the dataset this often in a background process (rlpipe compact, with "
         "the tables' own retention); off by default. Safe with other servers writing and "
-        "trainers following; two servers compacting at once make one pass fail and retry",
+        "trainers following; of several servers, one compacts at a time and the others skip",
     )
     parser.set_defaults(command_module=__name__)
 

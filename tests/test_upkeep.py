@@ -20,6 +20,7 @@ from s3_fixtures import SECRET, Bucket
 
 from pipeline import DatasetWriter, InputReader, WriterConfig
 from pipeline.commands.cli import main
+from pipeline.dataset.lease import UpkeepBusy
 from pipeline.dataset.location import Location, locate
 from pipeline.dataset.upkeep import Compactor, upkeep
 from pipeline.errors import ConfigError
@@ -161,6 +162,34 @@ def test_a_follower_behind_a_compaction_reads_its_files_once(tmp_path: Path) -> 
     rest = list(stream)
     counted = keys(first + rest)
     assert sum(counted.values()) == 7 * 200 and max(counted.values()) == 1
+
+
+def test_two_compactions_at_once_never_double_a_row(tmp_path: Path) -> None:
+    """deltalake 1.6.6 lets two OPTIMIZE commits planned on one snapshot both land, each with a
+    copy of the same rows; of two upkeeps started together, the lease lets one compact at a
+    time (the other is told so, or runs after it), and no row is ever doubled."""
+    location = locate(tmp_path / "ds")
+    outcomes: Counter[str] = Counter()
+    for round_ in range(4):
+        write_commits(location, 4, seed=round_)
+        barrier = threading.Barrier(2)
+
+        def run(barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                upkeep(location, vacuum=False)
+                outcomes["ran"] += 1
+            except UpkeepBusy:
+                outcomes["busy"] += 1
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    counted = keys(list(InputReader(location.uri, batch_size=100_000)))
+    assert sum(counted.values()) == 16 * 200 and max(counted.values()) == 1, outcomes
+    assert outcomes["ran"] >= 4
 
 
 def test_a_short_retention_is_refused_without_force(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from deltalake import ColumnProperties, DeltaTable, WriterProperties
 from deltalake.exceptions import DeltaError
 
 from pipeline.dataset.delta import Table
+from pipeline.dataset.lease import UpkeepBusy, upkeep_lease
 from pipeline.dataset.location import Location, storage_failure
 from pipeline.errors import ConfigError, RlpipeError
 from pipeline.format import layout
@@ -152,18 +153,24 @@ def upkeep(
     """Compact each table of the dataset, checkpoint its log, drop log entries past the log
     retention, and (``vacuum``) delete files removed longer than ``retention_hours`` ago.
 
+    One upkeep runs at a time on a dataset, whatever process or machine runs it: it holds the
+    dataset's upkeep lease (:mod:`pipeline.dataset.lease`), since two compactions at once
+    would each commit a copy of the same rows.
+
     Raises:
         ConfigError: a retention shorter than the tables' own without ``force``.
+        UpkeepBusy: another upkeep of the dataset is running.
         DatasetError: the store failed, naming the URI and the cause.
     """
     if vacuum:
         check_retention(location, retention_hours, force)
     done = []
-    for name in (layout.STEPS, layout.EPISODES):
-        table = Table(location, name)
-        delta = table.open()
-        if delta is not None:
-            done.append(_upkeep_table(table, delta, retention_hours, vacuum, target_bytes))
+    with upkeep_lease(location):
+        for name in (layout.STEPS, layout.EPISODES):
+            table = Table(location, name)  # opened after the claim: any earlier pass is in it
+            delta = table.open()
+            if delta is not None:
+                done.append(_upkeep_table(table, delta, retention_hours, vacuum, target_bytes))
     return done
 
 
@@ -262,9 +269,9 @@ class Compactor:
     """Upkeep in a background thread every ``every_s`` seconds (``rlpipe serve
     --compact-every``): compaction, checkpoint and a vacuum at the tables' own retention.
 
-    A pass that loses a race (another server compacted the same files first) or meets a store
-    error is reported through ``report`` and tried again at the next tick; it never stops the
-    server, and its writers' commits go on meanwhile.
+    A pass skipped because another upkeep of the dataset is running (another server's), or
+    that meets a store error, is reported through ``report``, and the next tick tries again; it
+    never stops the server, and its writers' commits go on meanwhile.
     """
 
     def __init__(
@@ -296,7 +303,10 @@ class Compactor:
         """One pass; a failure is reported and counted, not raised."""
         try:
             done = upkeep(self.location, DEFAULT_RETENTION_HOURS)
-        except (RlpipeError, DeltaError, OSError) as error:  # a lost race is a DatasetError
+        except UpkeepBusy as busy:  # another server's pass: this one's turn comes later
+            self.report(f"compaction skipped: {busy}")
+            return []
+        except (RlpipeError, DeltaError, OSError) as error:
             self.failures += 1
             self.report(f"compaction failed, trying again in {self.every_s:g}s: {error}")
             return []
