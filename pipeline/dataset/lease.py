@@ -86,21 +86,22 @@ def _lease_table(location: Location) -> DeltaTable:
 
 def _state(location: Location, table: DeltaTable) -> tuple[str | None, float]:
     """The holder the last claim or release names, and until when (0: released): from the
-    commit info of the table's latest commit, read with pyarrow (deltalake's ``history`` holds
-    the GIL while it waits on the store, which stalls an S3 endpoint served in-process)."""
-    version = table.version()
-    if not version:
-        return None, 0.0
-    path = location.path(LEASE_TABLE, "_delta_log", f"{version:020d}.json")
-    try:
-        with location.filesystem.open_input_stream(path) as stream:
-            lines = stream.read().decode("utf-8").splitlines()
-    except OSError as error:
-        raise storage_failure(location, "reading the upkeep lease", error) from None
-    for line in lines:
-        info = json.loads(line).get("commitInfo") if line.strip() else None
-        if info is not None:
-            return info.get(HOLDER), float(info.get(UNTIL) or 0)
+    commit info of the latest commit that has them (a creation that lost its race to another
+    process's may commit after a claim), read with pyarrow: deltalake's ``history`` holds the
+    GIL while it waits on the store, which stalls an S3 endpoint served in-process."""
+    for version in range(table.version(), 0, -1):
+        path = location.path(LEASE_TABLE, "_delta_log", f"{version:020d}.json")
+        try:
+            with location.filesystem.open_input_stream(path) as stream:
+                lines = stream.read().decode("utf-8").splitlines()
+        except FileNotFoundError:  # cleaned up past the log retention: older than any lease
+            break
+        except OSError as error:
+            raise storage_failure(location, "reading the upkeep lease", error) from None
+        for line in lines:
+            info = json.loads(line).get("commitInfo") if line.strip() else None
+            if info is not None and HOLDER in info:
+                return info[HOLDER], float(info.get(UNTIL) or 0)
     return None, 0.0
 
 
