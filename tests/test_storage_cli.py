@@ -34,7 +34,7 @@ def test_inspect_and_train_a_dataset_in_a_bucket(
             "3", "--eval-every", "3", "--hidden", "8,8", "--batch-size", "32"]  # fmt: skip
     assert main([*args, "--data-version", "1", *flags(bucket.options)]) == 0
     (line,) = [json.loads(text) for text in (run_dir / "reads.jsonl").read_text().splitlines()]
-    assert (line["version"], line["rows"]) == (1, 400)
+    assert (line["data_version"], line["rows"]) == (1, 400)
     captured = capsys.readouterr()
     assert SECRET not in captured.out + captured.err
 

@@ -58,9 +58,9 @@ def test_a_run_pinned_to_a_version_trains_on_exactly_it(tmp_path: Path) -> None:
         stop.set()
         thread.join()
     (line,) = reads(pinned)
-    assert (line["version"], line["rows"], line["shards"]) == (1, 400, at_one)
+    assert (line["data_version"], line["rows"], line["shards"]) == (1, 400, at_one)
     (line,) = reads(latest)
-    assert line["version"] >= 2 and line["rows"] == 200 * (line["version"] + 1)
+    assert line["data_version"] >= 2 and line["rows"] == 200 * (line["data_version"] + 1)
 
 
 def test_a_follower_resumes_from_its_version_across_compactions(tmp_path: Path) -> None:

@@ -35,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     parser.add_argument("algorithm", choices=ALGORITHMS)
-    parser.add_argument("--data", required=True, help="the dataset: a local path or a URI")
+    parser.add_argument(
+        "--data", required=True, help="the dataset: a directory or a URI (s3://bucket/prefix)"
+    )
     parser.add_argument(
         "--data-version",
         type=int,
@@ -102,13 +104,21 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("train", "follow", f"an online algorithm {ONLINE}", args.algorithm)
     if not args.follow and args.algorithm not in OFFLINE:
         raise ConfigError("train", "algorithm", f"--follow, or one of {OFFLINE}", args.algorithm)
+    if args.follow and "://" in args.data:
+        raise ConfigError(
+            "train",
+            "data",
+            "a local dataset with --follow (online trainers publish policies into "
+            "DATASET/checkpoints/, on local disk)",
+            args.data,
+        )
     options = storage_options("train", args.storage_option)
     manifest = read_manifest(locate(args.data, options))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{args.algorithm}-{stamp}"
     default_batch = _BATCH_SIZE.get(args.algorithm, 256)
     settings = loop.LoopSettings(
-        data=args.data,
+        data=args.data if "://" in args.data else Path(args.data),
         data_version=args.data_version,
         storage_options=options,
         run_dir=run_dir,

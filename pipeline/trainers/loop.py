@@ -59,7 +59,7 @@ _ALL_NEW_ROWS = 1 << 30  # a reader batch size no look at a live dataset fills
 class LoopSettings:
     """When to evaluate, publish and stop; see ``rlpipe train --help``."""
 
-    data: str | Path
+    data: Path | str  # a directory, or a URI (s3://bucket/prefix) for offline training
     run_dir: Path
     env_id: str | None = None
     follow: bool = False
@@ -94,13 +94,6 @@ class LoopSettings:
         version = self.data_version
         if version is not None and (not isinstance(version, int) or version < 0):
             raise ConfigError("train", "data_version", "a table version >= 0", version)
-        if self.follow and "://" in str(self.data):
-            raise ConfigError(
-                "train",
-                "data",
-                "a local dataset with --follow (online runs publish checkpoints into it)",
-                str(self.data),
-            )
         if not isinstance(self.include_untrained, bool):
             raise ConfigError("train", "include_untrained", "a bool", self.include_untrained)
 
@@ -115,9 +108,8 @@ class _Run:
 
     def __init__(self, trainer: Trainer, settings: LoopSettings, log: RunLog) -> None:
         self.trainer, self.settings, self.log = trainer, settings, log
-        self.publish_dir = (
-            Path(settings.data if settings.follow else settings.run_dir) / "checkpoints"
-        )
+        published = Path(settings.data) if settings.follow else settings.run_dir
+        self.publish_dir = published / "checkpoints"
         self.progress = state.Progress()
         state_file = settings.run_dir / state.STATE_FILE
         if state_file.exists():
@@ -248,11 +240,11 @@ def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict
         storage_options=_options(settings),
     )
     data = Batch.concat(reader)
+    log.read(sorted(reader.shards_read), len(data), reader.version)
+    run._data_version = reader.version  # a resumed run reads this version again
     if not len(data):
         which = "rows" if settings.include_untrained else "training_enabled rows"
         raise DatasetError(f"{settings.data}: no {which} to train on")
-    run._data_version = reader.version
-    log.read(sorted(reader.shards_read), len(data), reader.version)
     rows = data
     with run:
         while True:

@@ -5,13 +5,13 @@ so a crashed run keeps its history and ``pandas.read_json(lines=True)`` reads it
 drawn with matplotlib when it is installed; it is optional, so without it the run says so once
 and skips the PNG.
 
-Every run also keeps its read log, ``RUN/reads.jsonl``: one line per batch it read from the
-dataset (offline: one line for the whole read), ``{"seconds", "pid", "rows", "shards",
-"version"}``, the shards (paths under the dataset root) whose rows first came in that batch and
-the step table's Delta version they were read at (``rlpipe train --data-version`` reads it
-again). Lines of a resumed run follow those of the run before it, under
-another ``pid``; so the log shows which rows each process read, and that a resumed one read none
-it had already trained on.
+A run also keeps its read log, ``RUN/reads.jsonl``: one line per batch it read from the dataset
+(an offline run: one for all it read), ``{"seconds", "pid", "rows", "shards", "data_version"}``, the
+shards (paths under the dataset root) whose rows first came in that batch, and the version of the
+step table's Delta log read up to, so the run can be repeated on the table as it was
+(``InputReader(data, version=...)``). Lines of a resumed run follow those of the run before it,
+under another ``pid``; so the log shows which rows each process read, and that a resumed one read
+none it had already trained on.
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ class RunLog:
         self.progress(entry)
         return entry
 
-    def read(self, shards: list[str], rows: int, version: int | None = None) -> None:
+    def read(self, shards: list[str], rows: int, data_version: int | None = None) -> None:
         """Log a batch read from the dataset: its rows, the shards whose rows it brought, and
-        the step table's version it was read at."""
+        the table version read up to."""
         if self._reads is None:
             self._reads = (self.run_dir / READS_FILE).open("a", encoding="utf-8")
         seconds = round(time.monotonic() - self._start, 3)
@@ -65,7 +65,7 @@ class RunLog:
             "pid": os.getpid(),
             "rows": rows,
             "shards": shards,
-            "version": version,
+            "data_version": data_version,
         }
         self._reads.write(json.dumps(line) + "\n")
         self._reads.flush()
