@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,8 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--data", required=True, help="the dataset: a directory, or a URI (s3://bucket/prefix)"
+        "--data",
+        required=True,
+        help="the dataset: a directory, or a URI (s3://bucket/prefix; then give --policy)",
     )
+    add_storage_options(parser)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--env", help="a gymnasium id whose spaces the dataset takes")
     source.add_argument(
@@ -153,10 +157,11 @@ def _start_compactor(args: argparse.Namespace) -> Any:
     from pipeline.dataset.location import locate
     from pipeline.dataset.upkeep import run_compactor
 
+    options = storage_options("serve", args.storage_option)
     context = multiprocessing.get_context("spawn")
     process = context.Process(
         target=run_compactor,
-        args=(locate(args.data), args.compact_every),
+        args=(locate(args.data, options), args.compact_every),
         name="rlpipe-compactor",
         daemon=True,
     )
@@ -249,8 +254,18 @@ def _config(args: argparse.Namespace) -> ServerConfig:
                 f"{args.spaces} ({error!r})",
             ) from None
         env_id = doc.get("env_id")
+    remote = "://" in args.data
+    if remote and args.policy is None:
+        raise ConfigError(
+            "serve",
+            "policy",
+            "--policy DIR for a dataset on object storage (checkpoints are local files: point "
+            "it at the trainer's RUN/checkpoints)",
+            None,
+        )
     return ServerConfig(
-        data=args.data,
+        data=args.data if remote else Path(args.data),
+        storage_options=storage_options("serve", args.storage_option),
         observation_space=observation_space,
         action_space=action_space,
         env_id=env_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,9 @@ class ServerConfig:
     """Everything ``create_app`` needs, checked once at construction.
 
     Attributes:
-        data: the dataset every step goes to (created when new): a directory, or a URI such as
-            ``s3://bucket/prefix`` (kept as a string), reached with the environment's endpoint
-            and keys, its log and journal in its local state directory.
+        data: the dataset every step goes to (created when new): a directory, or a URI
+            (``s3://bucket/prefix``), whose checkpoints then come from ``policy``.
+        storage_options: endpoint and credentials for a URI, as ``DatasetWriter`` takes them.
         observation_space: the per-agent observation space; None to read it from ``data``.
         action_space: as ``observation_space``.
         env_id: the gymnasium id, recorded in a new dataset's manifest.
@@ -52,6 +53,7 @@ class ServerConfig:
     retry_after_s: int = 1
     seed: int = 0
     writer: WriterConfig = field(default_factory=lambda: WriterConfig(sync="background"))
+    storage_options: Mapping[str, str] | None = field(default=None, repr=False)  # secrets
 
     def __post_init__(self) -> None:
         uri = "://" in str(self.data)

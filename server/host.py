@@ -198,7 +198,7 @@ def _check_dataset(config: ServerConfig) -> None:
     from pipeline.format.manifest import open_manifest
 
     open_manifest(
-        locate(config.data),
+        locate(config.data, config.storage_options),
         config.observation_space,
         config.action_space,
         config.env_id,

@@ -49,6 +49,7 @@ class Service:
             config.action_space,
             env_id=config.env_id,
             config=config.writer,
+            storage_options=config.storage_options,
         )
         manifest = self.writer.manifest
         self.observation_space = manifest.observation_space
@@ -57,7 +58,7 @@ class Service:
         self.episodes = EpisodeBook()
         self.metrics = Metrics()
         self.runner = PolicyRunner(
-            config.policy or Path(config.data),  # a URI's checkpoints: give --policy
+            config.policy or Path(config.data),  # a URI's is given: the command checks
             self.observation_space,
             self.action_space,
             config.policy_poll_s,

@@ -60,3 +60,39 @@ def test_a_bad_option_names_the_flag(
     err = capsys.readouterr().err
     assert "--storage-option" in err and shown in err and SECRET not in err
     assert f"{command}.storage_option" in err
+
+
+def test_serve_a_dataset_in_a_bucket(
+    bucket: Bucket,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rlpipe serve --data s3://...`` writes every step a client plays into the bucket (its
+    write-ahead log in the local state directory), acting with checkpoints from --policy; it
+    refuses a bucket without --policy, naming the flag."""
+    from conftest import play_client
+    from server_fixtures import free_port, kill, start_serve_process
+
+    from pipeline import InputReader
+    from pipeline.client import PolicyClient
+
+    assert main(["serve", "--data", bucket.uri(), "--env", "CartPole-v1"]) == 2
+    assert "serve.policy: expected --policy DIR" in capsys.readouterr().err
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the server's log
+    port = free_port()
+    (tmp_path / "policies").mkdir()
+    server = start_serve_process(
+        bucket.uri(), port, "--policy", str(tmp_path / "policies"), "--commit-age", "0.1",
+        "--compact-every", "0.5", *flags(bucket.options),
+    )  # fmt: skip
+    try:
+        client = PolicyClient(f"127.0.0.1:{port}", "local", update_interval=None)
+        lengths = play_client(client, 4, seed=0)
+        client.close()
+    finally:
+        kill(server, 15)
+    reader = InputReader(bucket.uri(), storage_options=bucket.options, batch_size=100_000)
+    rows = sum(len(batch) for batch in reader)
+    assert rows == sum(lengths)
+    assert list((tmp_path / "state" / "rlpipe").iterdir())  # the log was local, not in $HOME

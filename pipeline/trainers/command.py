@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--follow",
         action="store_true",
-        help="train from the live dataset and publish checkpoints into it",
+        help="train from the live dataset and publish checkpoints into it (into RUN/checkpoints "
+        "for a dataset on object storage: serve it with --policy RUN/checkpoints)",
     )
     parser.add_argument("--env", help="gymnasium id for evaluation (default: the manifest's)")
     parser.add_argument("--stop-return", type=float, help="stop at this mean return")
@@ -104,14 +105,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("train", "follow", f"an online algorithm {ONLINE}", args.algorithm)
     if not args.follow and args.algorithm not in OFFLINE:
         raise ConfigError("train", "algorithm", f"--follow, or one of {OFFLINE}", args.algorithm)
-    if args.follow and "://" in args.data:
-        raise ConfigError(
-            "train",
-            "data",
-            "a local dataset with --follow (online trainers publish policies into "
-            "DATASET/checkpoints/, on local disk)",
-            args.data,
-        )
     options = storage_options("train", args.storage_option)
     manifest = read_manifest(locate(args.data, options))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -148,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         last = train(trainer, settings, log)
     finally:
         curve = log.close()
-    where = Path(settings.data) if args.follow else run_dir
+    where = Path(settings.data) if args.follow and "://" not in args.data else run_dir
     print(
         f"trained {args.algorithm}: version {last['version']} in {where / 'checkpoints'}; "
         f"metrics in {run_dir / 'metrics.jsonl'}" + (f"; curve {curve}" if curve else ""),

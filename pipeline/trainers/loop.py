@@ -4,11 +4,11 @@ Offline, the dataset is read once, as whole episodes, and minibatches are sample
 ``eval_every`` updates a checkpoint goes to ``RUN/checkpoints`` (never into the dataset, which may
 be a shipped one) and is evaluated in gymnasium when the env is known.
 
-Online (``follow``), checkpoints go to ``DATASET/checkpoints``, where the server and the clients
-pick up the newest; the first before any update, so clients have a policy to act with. An
-:class:`~pipeline.trainers.trainer.OnPolicy` trainer (PPO) trains on the newest rows of its own
-versions (:func:`_online_rollouts`), any other samples a replay buffer of everything read
-(:func:`_online_transitions`).
+Online (``follow``), checkpoints go to ``DATASET/checkpoints`` (``RUN/checkpoints`` for a dataset
+on object storage), where the server and the clients pick up the newest; the first before any
+update, so clients have a policy to act with. An :class:`~pipeline.trainers.trainer.OnPolicy`
+trainer (PPO) trains on the newest rows of its own versions (:func:`_online_rollouts`), any other
+samples a replay buffer of everything read (:func:`_online_transitions`).
 
 Rows of ``training_enabled=False`` episodes are stored and marked, and no loop reads them unless
 ``include_untrained`` (RLlib's promise: such an episode produces no training batches). The
@@ -108,7 +108,10 @@ class _Run:
 
     def __init__(self, trainer: Trainer, settings: LoopSettings, log: RunLog) -> None:
         self.trainer, self.settings, self.log = trainer, settings, log
-        published = Path(settings.data) if settings.follow else settings.run_dir
+        # online on a local dataset, where the server looks; else (offline, or a dataset on
+        # object storage: serve it with --policy RUN/checkpoints) the run's own directory
+        local = "://" not in str(settings.data)
+        published = Path(settings.data) if settings.follow and local else settings.run_dir
         self.publish_dir = published / "checkpoints"
         self.progress = state.Progress()
         state_file = settings.run_dir / state.STATE_FILE
