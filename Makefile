@@ -23,7 +23,7 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	$(BIN)/python examples/demo.py $(if $(DATA),--data $(DATA))
 
 bench: $(STAMP)
 	$(BIN)/python bench/writer.py

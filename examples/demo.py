@@ -10,7 +10,10 @@ What runs, all on 127.0.0.1 and all real processes:
 - four ``examples/cartpole_client.py`` processes: two run the policy themselves (local inference,
   pulling weights), two ask the server for every action (remote inference).
 
-Run with ``make demo``; output goes to ``runs/demo`` (or ``--out DIR``).
+Run with ``make demo``; output goes to ``runs/demo`` (or ``--out DIR``). ``--data
+s3://bucket/prefix`` (``make demo DATA=s3://bucket/prefix``) puts the dataset in a bucket instead,
+reached with the standard environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+...); checkpoints then stay in ``runs/demo/run/checkpoints``, where the server reads them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import time
 from pathlib import Path
 from typing import IO
 
-import pandas as pd
 import requests
 
 from server import process as serve
@@ -76,15 +78,17 @@ def _progress(
     )
 
 
-def play(out: Path, budget: float) -> tuple[str, bool]:
+def play(out: Path, data: str, budget: float) -> tuple[str, bool]:
     """Serve, train and play until PPO stops (solved) or ``budget`` seconds pass."""
-    data, run = out / "data", out / "run"
-    server, address = serve.start(["--data", str(data), "--env", "CartPole-v1",
+    run = out / "run"
+    # a bucket holds no checkpoints: the trainer publishes into its run, the server reads there
+    policy = ["--policy", str(run / "checkpoints")] if "://" in data else []
+    server, address = serve.start(["--data", data, "--env", "CartPole-v1", *policy,
                                    "--commit-age", "0.25"], env=ENV, cwd=ROOT)  # fmt: skip
     port = address.rsplit(":", 1)[1]
     print(f"rlpipe serve on {address}, writing {data}")
     with (out / "train.log").open("w") as log:
-        trainer = _rlpipe("train", "ppo", "--follow", "--data", str(data), "--run-dir", str(run),
+        trainer = _rlpipe("train", "ppo", "--follow", "--data", data, "--run-dir", str(run),
                           "--stop-return", str(SOLVED), "--max-seconds", str(budget),
                           *PPO_OPTIONS, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     returns: collections.deque[float] = collections.deque(maxlen=20)
@@ -125,35 +129,59 @@ def _solved(run: Path) -> bool:
     return bool(scores) and max(scores) >= SOLVED
 
 
-def report(out: Path) -> None:
+def report(out: Path, data: str) -> None:
     """inspect, the learning curve and a GIF of the best episode."""
-    from pipeline.commands.cli import main as rlpipe
+    from deltalake import DeltaTable
 
-    data = out / "data"
+    from pipeline.commands.cli import main as rlpipe
+    from pipeline.dataset.location import locate
+
     print()
-    rlpipe(["inspect", str(data), "--plot", str(out / "dataset.png")])
+    rlpipe(["inspect", data, "--plot", str(out / "dataset.png")])
     # the episodes table is one row per episode: the best one with a seed can be replayed
-    episodes = pd.read_parquet(data / "episodes").dropna(subset=["seed"])
+    location = locate(data)
+    table = DeltaTable(
+        location.table_uri("episodes"), storage_options=dict(location.storage_options) or None
+    )
+    episodes = table.to_pandas().dropna(subset=["seed"])
     best = str(episodes.sort_values("return", ascending=False)["episode_id"].iloc[0])
     gif = out / "best-episode.gif"
-    rlpipe(["replay", str(data), "--episode", best, "--render", str(gif)])
+    rlpipe(["replay", data, "--episode", best, "--render", str(gif)])
     curves = sorted((out / "run").glob("*.png"))
     print(f"\nlearning curve: {curves[0] if curves else 'none (see run/metrics.jsonl)'}")
     print(f"dataset plot:   {out / 'dataset.png'}")
     print(f"best episode:   {gif} (episode {best})")
 
 
+def _holds_dataset(uri: str) -> bool:
+    import pyarrow.fs as pafs
+
+    from pipeline.dataset.location import locate
+
+    location = locate(uri)
+    info = location.filesystem.get_file_info(location.path("manifest.json"))
+    return info.type != pafs.FileType.NotFound
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo")
     parser.add_argument("--budget", type=float, default=140.0, help="seconds of training at most")
+    parser.add_argument(
+        "--data",
+        help="where the dataset goes (default: OUT/data); a URI such as s3://bucket/prefix, "
+        "reached with AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... from the environment, must be new",
+    )
     args = parser.parse_args()
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
+    data = args.data or str(args.out / "data")
+    if args.data is not None and _holds_dataset(args.data):
+        sys.exit(f"demo: {args.data} holds a dataset already; give a new prefix")
     started = time.perf_counter()
-    _, solved = play(args.out, args.budget)
+    _, solved = play(args.out, data, args.budget)
     print("solved: the mean return of 20 episodes reached 475" if solved else "not solved in time")
-    report(args.out)
+    report(args.out, data)
     print(f"demo took {time.perf_counter() - started:.0f}s; everything is in {args.out}")
     sys.exit(0 if solved else 1)
 
