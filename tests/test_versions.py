@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from conftest import cartpole_spaces
 from test_upkeep import columns, keys, write_commits
 
@@ -17,6 +18,7 @@ from pipeline.commands.cli import main
 from pipeline.dataset.delta import Table
 from pipeline.dataset.location import locate
 from pipeline.dataset.upkeep import upkeep
+from pipeline.errors import DatasetError
 from pipeline.format import layout
 
 
@@ -87,3 +89,14 @@ def test_a_follower_resumes_from_its_version_across_compactions(tmp_path: Path) 
     read += list(resumed)
     counted = keys(read)
     assert sum(counted.values()) == 5 * 200 and max(counted.values()) == 1
+
+
+def test_a_version_whose_files_were_vacuumed_is_named(tmp_path: Path) -> None:
+    """A reader pinned to a version older than a compaction and a vacuum (forced to retain
+    nothing) fails naming the file and why, rather than with a bare FileNotFoundError."""
+    location = locate(tmp_path / "ds")
+    write_commits(location, 3)
+    upkeep(location, 0, force=True)
+    with pytest.raises(DatasetError, match=r"at version 1 but gone from the store: a vacuum"):
+        list(InputReader(location.uri, version=1))
+    assert sum(len(batch) for batch in InputReader(location.uri)) == 600
