@@ -100,3 +100,20 @@ def test_a_version_whose_files_were_vacuumed_is_named(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"at version 1 but gone from the store: a vacuum"):
         list(InputReader(location.uri, version=1))
     assert sum(len(batch) for batch in InputReader(location.uri)) == 600
+
+
+def test_a_resumed_offline_run_reads_the_version_it_trained_on(tmp_path: Path) -> None:
+    """An offline run started again with its --run-dir, after more commits and a compaction,
+    reads the table version its first part trained on, not the latest."""
+    location = locate(tmp_path / "ds")
+    write_commits(location, 2)
+    run_dir = tmp_path / "run"
+    args = ["train", "bc", "--data", location.uri, "--run-dir", str(run_dir), "--eval-every",
+            "2", "--hidden", "8,8", "--batch-size", "32"]  # fmt: skip
+    assert main([*args, "--max-updates", "2"]) == 0
+    write_commits(location, 3, seed=1)
+    upkeep(location)
+    assert main([*args, "--max-updates", "4"]) == 0
+    first, second = reads(run_dir)
+    assert first["data_version"] == second["data_version"] == 1
+    assert first["rows"] == second["rows"] == 400
