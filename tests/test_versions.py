@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,43 @@ def test_a_resumed_offline_run_reads_the_version_it_trained_on(tmp_path: Path) -
     first, second = reads(run_dir)
     assert first["data_version"] == second["data_version"] == 1
     assert first["rows"] == second["rows"] == 400
+
+
+def test_a_killed_follower_resumed_after_compactions_reads_each_row_once(
+    tmp_path: Path,
+) -> None:
+    """``rlpipe train bc --follow`` is killed once it saved a read position; while a writer
+    goes on, the dataset is compacted (merging the files of the saved position); the run
+    started again reads on from the saved version: the rows it holds at the end are exactly
+    the table's, none twice (an earlier position made of file names alone read the merged
+    file again)."""
+    import gymnasium as gym
+    from test_trainer_resume import _finish, _kill, _progress, _start, _wait_until, _write
+
+    data, run_dir = tmp_path / "ds", tmp_path / "run"
+    env = gym.make("CartPole-v1")
+    stop = threading.Event()
+    args = ("bc", "--follow", "--timeout", "2", "--batch-size", "64", "--eval-every", "10")
+    with DatasetWriter(data, env.observation_space, env.action_space, env_id="CartPole-v1") as w:
+        thread = threading.Thread(target=_write, args=(w, stop, data, False))
+        thread.start()
+        try:
+            first = _start(data, run_dir, *args)
+            _wait_until(first, run_dir, lambda progress: bool(progress.shards))
+            _kill(first)
+            killed = _progress(run_dir)
+            assert killed is not None and killed.data_version is not None
+            (done,) = upkeep(locate(data))
+            assert done.files_after < done.files_before
+            second = _start(data, run_dir, *args)
+            _wait_until(second, run_dir, lambda progress: progress != killed)
+            upkeep(locate(data))
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            thread.join()
+    _finish(second, run_dir)
+    final = _progress(run_dir)
+    assert final is not None
+    rows = sum(len(batch) for batch in InputReader(data, batch_size=100_000))
+    assert final.env_steps == rows  # every row read once, across the kill and the compactions
