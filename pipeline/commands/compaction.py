@@ -21,12 +21,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "compact",
         help="merge a dataset's small files, checkpoint its log and vacuum removed files",
-        description=__doc__,
+        description="Merge a dataset's small files (Delta's OPTIMIZE), checkpoint its log and "
+        "delete files removed longer ago than the retention. Safe while servers write and "
+        "trainers follow: the merged files are committed as a rearrangement, so followers read "
+        "no row twice, and removed files stay readable for the retention period. One upkeep runs "
+        "at a time per dataset.",
     )
     parser.add_argument("uri", metavar="URI", help="the dataset: a local path or a URI")
     parser.add_argument(
         "--retention-hours",
         type=int,
+        metavar="HOURS",
         default=DEFAULT_RETENTION_HOURS,
         help="vacuum files removed longer ago than this (default: %(default)s, Delta's 7 days); "
         "shorter than the table's own retention needs --force",
@@ -39,7 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-vacuum", action="store_true", help="compact and checkpoint only")
     parser.add_argument(
-        "--target-mb", type=int, help="size of the merged files (default: deltalake's, 100 MB)"
+        "--target-mb",
+        type=int,
+        metavar="MB",
+        help="size of the merged files (default: deltalake's, 100 MB)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     add_storage_options(parser)
