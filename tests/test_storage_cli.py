@@ -96,3 +96,28 @@ def test_serve_a_dataset_in_a_bucket(
     rows = sum(len(batch) for batch in reader)
     assert rows == sum(lengths)
     assert list((tmp_path / "state" / "rlpipe").iterdir())  # the log was local, not in $HOME
+
+
+def test_import_into_a_bucket(
+    bucket: Bucket,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rlpipe import table SRC s3://...`` writes a new dataset into the bucket; a second
+    import into the same prefix is refused, naming the URI."""
+    from test_importers_table import frame, rollouts
+
+    from pipeline import InputReader
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    episodes = rollouts()
+    frame(episodes).to_parquet(tmp_path / "steps.parquet")
+    argv = ["import", "table", str(tmp_path / "steps.parquet"), bucket.uri(), "--env",
+            "CartPole-v1", *flags(bucket.options)]  # fmt: skip
+    assert main(argv) == 0
+    rows = sum(len(batch) for batch in InputReader(bucket.uri(), storage_options=bucket.options))
+    assert rows == sum(len(episode["act"]) for episode in episodes)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{bucket.uri()}: already holds a dataset" in err and SECRET not in err
