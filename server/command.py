@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--data",
         required=True,
-        help="the dataset: a directory, or a URI (s3://bucket/prefix; then give --policy)",
+        help="the dataset: a directory, or a URI (s3://bucket/prefix: see --policy)",
     )
     add_storage_options(parser)
     source = parser.add_mutually_exclusive_group()
@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--policy",
         type=Path,
-        help="a checkpoint, or a directory of them (default: DIR/checkpoints)",
+        help="a checkpoint, or a directory of them (default: DIR/checkpoints; a dataset on object "
+        "storage has none: without --policy its server acts at random, as before a first one)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9900)
@@ -255,14 +256,6 @@ def _config(args: argparse.Namespace) -> ServerConfig:
             ) from None
         env_id = doc.get("env_id")
     remote = "://" in args.data
-    if remote and args.policy is None:
-        raise ConfigError(
-            "serve",
-            "policy",
-            "--policy DIR for a dataset on object storage (checkpoints are local files: point "
-            "it at the trainer's RUN/checkpoints)",
-            None,
-        )
     return ServerConfig(
         data=args.data if remote else Path(args.data),
         storage_options=storage_options("serve", args.storage_option),

@@ -29,11 +29,13 @@ _log = logging.getLogger("rlpipe.server")
 class PolicyRunner:
     """Holds the current policy, looks for a newer checkpoint in ``source`` (a checkpoint file,
     checkpoints directory, or dataset/run directory) every ``poll_s``, and batches forward
-    passes; ``seed`` seeds the random actions."""
+    passes; ``seed`` seeds the random actions. With no ``source`` (a dataset on object storage
+    served without ``--policy``) it acts at random, the way every server does until a first
+    checkpoint appears."""
 
     def __init__(
         self,
-        source: Path,
+        source: Path | None,
         observation_space: gym.Space[Any],
         action_space: gym.Space[Any],
         poll_s: float = 0.2,
@@ -59,7 +61,7 @@ class PolicyRunner:
         if not force and now - self._checked < self._poll_s:
             return
         self._checked = now
-        path = latest_checkpoint(self.source)
+        path = None if self.source is None else latest_checkpoint(self.source)
         if path is None or path in (self.checkpoint_path, self._skipped):
             return
         try:

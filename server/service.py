@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from pipeline.dataset.writer import DatasetWriter
@@ -58,7 +57,8 @@ class Service:
         self.episodes = EpisodeBook()
         self.metrics = Metrics()
         self.runner = PolicyRunner(
-            config.policy or Path(config.data),  # a URI's is given: the command checks
+            # checkpoints are local files: a dataset on object storage has none of its own
+            config.policy or (None if isinstance(config.data, str) else config.data),
             self.observation_space,
             self.action_space,
             config.policy_poll_s,

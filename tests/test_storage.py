@@ -230,5 +230,3 @@ def test_commands_take_a_bucket_through_the_environment(
     assert main(train) == 0
     (read,) = [json.loads(line) for line in (run / "reads.jsonl").read_text().splitlines()]
     assert (read["rows"], read["data_version"]) == (300, 0)
-    assert main(["train", "ppo", "--follow", "--data", bucket.uri(), "--max-updates", "1"]) == 2
-    assert "a local dataset with --follow" in capsys.readouterr().err

@@ -97,6 +97,8 @@ def _fragment_problem(fragment: Any, table_schema: pa.Schema) -> str | None:
     try:
         fragment.ensure_complete_metadata()
         return footer_problem(fragment.metadata, table_schema)
+    except FileNotFoundError:
+        raise  # not damage: a file a commit names is gone (vacuumed), which the caller names
     except READ_ERRORS as error:
         return f"its footer cannot be read ({_reason(error)})"
 

@@ -286,13 +286,13 @@ class InputReader:
             dataset = discovery.open_dataset(
                 self.filesystem, self.root, paths, self.schema, layout.STEPS, sizes
             )
+            damage.check_fragments(dataset, self.schema)  # a damaged footer is named, not misread
         except FileNotFoundError as error:
             raise DatasetError(
                 f"{error.filename or error}: named by the step table at version {self.version} "
                 "but gone from the store: a vacuum deletes the files a compaction removed once "
                 "they are older than its retention; read a newer version"
             ) from None
-        damage.check_fragments(dataset, self.schema)  # a damaged footer is named, not misread
         if part.count > 1:
             fragments = discovery.owned_fragments(dataset, part, self.filter)
             dataset = ds.FileSystemDataset(
