@@ -20,7 +20,7 @@ import pyarrow as pa
 from pipeline.errors import StorageError
 from pipeline.format import layout
 from pipeline.recording.episode import Episode, episode_id_of
-from server import errors, requests
+from server import binary, errors, requests
 from server.config import ServerConfig
 from server.episodes import ended_message, replayed_rows
 from server.errors import ApiError
@@ -55,6 +55,11 @@ class Incoming:
 
     def json(self) -> dict[str, Any]:
         return parse_json(self.body, self.content_type)
+
+    @property
+    def arrow(self) -> bool:
+        """Whether the body is an Arrow IPC stream (else it must be JSON)."""
+        return (self.content_type or "").split(";")[0].strip() == ARROW_TYPE
 
 
 def guard(config: ServerConfig, authorization: str | None, length: int | None) -> None:
@@ -105,9 +110,9 @@ def _episode(
 def episode_step(verb: str, service: Service, incoming: Incoming, counts: Counts) -> Reply:
     """get_action, log_action or end_episode for one episode."""
     counts.steps = 1
-    request = requests.one_episode(
-        incoming.json(), incoming.episode_id, verb, service.observation_space, service.action_space
-    )
+    spaces = service.observation_space, service.action_space
+    doc = binary.step_doc(incoming.body, verb, *spaces) if incoming.arrow else incoming.json()
+    request = requests.one_episode(doc, incoming.episode_id, verb, *spaces)
     counts.steps = len(request.steps)
     return _run(service, request, [None])[0], 200
 
@@ -126,8 +131,9 @@ def log_returns(service: Service, incoming: Incoming, counts: Counts) -> Reply:
 def batch_step(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     """The batch forms: many episodes' observations in one request, many actions back."""
     counts.steps = 1
-    doc, remote_addr = incoming.json(), incoming.remote_addr
     space, action_space = service.observation_space, service.action_space
+    doc = binary.batch_doc(incoming.body, space) if incoming.arrow else incoming.json()
+    remote_addr = incoming.remote_addr
     if "episode_ids" in doc:
         request, starts = requests.columns(doc, space, action_space)
         answers = _run(service, request, starts, remote_addr)
@@ -190,7 +196,7 @@ def upload(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     if not client_id:
         raise errors.bad_request("X-Rlpipe-Client", "the client's id", "nothing")
     seq = parse_seq(incoming.header("X-Rlpipe-Upload"))
-    if (incoming.content_type or "").split(";")[0].strip() == ARROW_TYPE:
+    if incoming.arrow:
         table_name = incoming.header("X-Rlpipe-Table")
         table_name = layout.STEPS if table_name is None else table_name
         if table_name not in layout.TABLES:

@@ -109,6 +109,23 @@ _OPERATIONS = {
     ),
 }
 
+_STEP_ARROW = (
+    "One Arrow IPC stream of one record batch of one row, its columns named as the JSON "
+    "fields: observation (the space's Arrow type, docs/format.md section 6: a Box is a "
+    "fixed_size_list of its dtype, flattened in C order), reward (double), request (int64), "
+    "info (utf8, JSON text){more}. A null is a field left out. docs/protocol.md, "
+    "'Binary bodies'."
+)
+_BINARY_FORMS = {
+    "get_action": _STEP_ARROW.format(more=""),
+    "log_action": _STEP_ARROW.format(more=", action (the action space's Arrow type)"),
+    "end_episode": _STEP_ARROW.format(more=", truncated (bool)"),
+    "get_actions": "The columnar form as one Arrow IPC stream of one record batch, a row per "
+    "episode: episode_ids (utf8), observations (the space's Arrow type), rewards (double), "
+    "terminated and truncated (bool), starts and infos (utf8, JSON text), requests (int64). "
+    "A null is an entry left out. docs/protocol.md, 'Binary bodies'.",
+}
+
 
 def _json(schema: Any) -> dict[str, Any]:
     return {_JSON: {"schema": schema}}
@@ -147,6 +164,11 @@ def _paths() -> dict[str, Any]:
             paths[path]["parameters"] = [
                 {"name": "episode_id", "in": "path", "required": True, "schema": ID}
             ]
+    for endpoint, form in _BINARY_FORMS.items():
+        path = routes.template(routes.by_endpoint(endpoint).rule)
+        paths[path]["post"]["requestBody"]["content"][_ARROW] = {
+            "schema": {**_BINARY, "description": form}
+        }
     upload = paths["/v1/uploads"]["post"]
     upload["requestBody"]["content"][_ARROW] = {"schema": _BINARY}
     upload["parameters"] = [*_upload_headers(), _ROUTE]

@@ -49,6 +49,11 @@ _VERBS = {
 }
 
 
+def by_endpoint(endpoint: str) -> Route:
+    """The route of an endpoint name."""
+    return next(route for route in ROUTES if route.endpoint == endpoint)
+
+
 def match(path: str) -> tuple[Route, str] | None:
     """The route of a request path, and the episode id it names (as werkzeug reads it)."""
     route = _EXACT.get(path)

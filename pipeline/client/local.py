@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 
+from pipeline.client import spool
 from pipeline.client.remote import opened
 from pipeline.client.transport import jsonable
 from pipeline.errors import SchemaError
@@ -28,9 +29,21 @@ from pipeline.recording.recorder import CLOSED, Completion, Steps
 _AGENT = layout.DEFAULT_AGENT_ID
 
 
+BUFFER_BYTES = 32 * 2**20
+"""About the most bytes of rows a client keeps in memory for its upload thread: a simulator
+that plays faster than batches can be sent (or spooled) waits at its next call, rather than
+growing the buffer without end (an 84x84x3 frame is a 42 KB row: observation and next one)."""
+
+
 class RowBuffer:
-    """Complete step rows and episode summaries waiting for the upload thread; ``ready_rows``
-    waiting steps call ``on_ready`` (without the buffer's lock) to wake it."""
+    """Complete step rows and episode summaries waiting for the upload thread.
+
+    Its bounds are in rows and in bytes, whatever an observation's size: ``ready_rows`` waiting
+    steps, or a batch's worth of bytes (:data:`pipeline.client.spool.BATCH_BYTES`), call
+    ``on_ready`` (without the buffer's lock) to wake it; :meth:`drain` builds batches of at
+    most that many rows (one Arrow array of every buffered frame passed Arrow's 2^31 limit);
+    and :meth:`add` waits while about ``buffer_bytes`` of rows are waiting.
+    """
 
     def __init__(
         self,
@@ -38,13 +51,19 @@ class RowBuffer:
         action_space: gym.Space[Any],
         ready_rows: int,
         on_ready: Callable[[], None],
+        buffer_bytes: int = BUFFER_BYTES,
     ) -> None:
         self._spaces = observation_space, action_space
         self._schema = schema.step_schema(observation_space, action_space)
-        self._ready_rows, self._on_ready = ready_rows, on_ready
+        row_bytes = _row_bytes(observation_space, action_space)
+        self.batch_rows = max(1, min(ready_rows, spool.BATCH_BYTES // row_bytes))
+        self.max_rows = max(self.batch_rows, buffer_bytes // row_bytes)
+        self._on_ready = on_ready
         self._lock = threading.Lock()
+        self._taken = threading.Condition(self._lock)
         self._steps: list[tuple[Any, ...]] = []
         self._summaries: list[dict[str, Any]] = []
+        self._stuck: BaseException | None = None  # the last build failed: waiting is in vain
 
     @property
     def ready(self) -> int:
@@ -52,32 +71,55 @@ class RowBuffer:
         return len(self._steps) + len(self._summaries)
 
     def add(self, done: Completion) -> None:
+        """Keep a call's rows; first wait (waking the upload thread) while the buffer is full."""
         if not done.rows and not done.summaries:
             return
         with self._lock:
+            while len(self._steps) >= self.max_rows and self._stuck is None:
+                self._lock.release()
+                try:
+                    self._on_ready()
+                finally:
+                    self._lock.acquire()
+                self._taken.wait(0.1)
             self._steps += done.rows
             self._summaries += done.summaries
-            wake = len(self._steps) >= self._ready_rows
+            wake = len(self._steps) >= self.batch_rows
         if wake:
             self._on_ready()
 
     def drain(self) -> list[tuple[str, pa.RecordBatch]]:
-        """The waiting rows as batches, steps first (an episode's summary follows its steps).
-        Rows leave the buffer only once their batch is built."""
+        """The waiting rows as batches of at most ``batch_rows`` steps, steps first (an
+        episode's summary follows its steps). Rows leave the buffer only once built."""
         with self._lock:
             steps, summaries = self._steps[:], self._summaries[:]
         out = []
-        if steps:  # logged_at: the schema's default, now
-            columns = recorder.columns_of(steps)
-            batch = schema.steps_from_columns(self._schema, columns, *self._spaces)
-            out.append((layout.STEPS, batch))
-        if summaries:
-            batch = schema.episodes_from_columns(schema.rows_to_columns(summaries))
-            out.append((layout.EPISODES, batch))
+        try:
+            for start in range(0, len(steps), self.batch_rows):
+                columns = recorder.columns_of(steps[start : start + self.batch_rows])
+                batch = schema.steps_from_columns(self._schema, columns, *self._spaces)
+                out.append((layout.STEPS, batch))  # logged_at: the schema's default, now
+            if summaries:
+                batch = schema.episodes_from_columns(schema.rows_to_columns(summaries))
+                out.append((layout.EPISODES, batch))
+        except BaseException as error:
+            self._stuck = error
+            raise
         with self._lock:  # rows are only appended meanwhile
             del self._steps[: len(steps)]
             del self._summaries[: len(summaries)]
+            self._stuck = None
+            self._taken.notify_all()
         return out
+
+
+def _row_bytes(observation_space: gym.Space[Any], action_space: gym.Space[Any]) -> int:
+    """About the bytes of one step row: two observations, an action, and the rest (~100)."""
+    sizes = [
+        codec.to_arrow(space, codec.sample_batch(space, 1, 0)).nbytes
+        for space in (observation_space, action_space)
+    ]
+    return 2 * sizes[0] + sizes[1] + 128
 
 
 class LocalInference:

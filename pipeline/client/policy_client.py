@@ -118,7 +118,7 @@ class PolicyClient:
         if inference_mode == "local":
             self._start_local(spool_dir, upload_rows, upload_interval_s, seed)
         else:
-            self._remote = RemoteInference(self._servers, self.client_id, lambda: self._space()[1])
+            self._remote = RemoteInference(self._servers, self.client_id, lambda: self._space()[:2])
             self._inference = self._remote
 
     # --- RLlib's verbs --------------------------------------------------------------------
@@ -217,6 +217,7 @@ class PolicyClient:
             response = self._servers.first(self.client_id, "/v1/weights", params)
         except EpisodeError as error:  # 404: nothing published yet, keep acting at random
             if error.status == 404:
+                self._pulled = time.monotonic()  # asked: again an interval later
                 return
             raise
         self._pulled = time.monotonic()

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import gymnasium as gym
 import numpy as np
 
+from pipeline.client import binary
 from pipeline.client.servers import Servers, route_headers
 from pipeline.client.transport import Http, jsonable
 from pipeline.errors import EpisodeError, ServerError
@@ -72,16 +73,17 @@ class RemoteEpisode:
             self.rewards, self.infos, self.dones = {}, {}, {}
 
 
+Spaces = tuple[gym.Space[Any], gym.Space[Any]]
+
+
 class RemoteInference:
     """The episodes a remote-inference client has open, and the requests that step them;
-    ``action_space`` gives the server's action space (read when first needed)."""
+    ``spaces`` gives the server's observation and action spaces (read when first needed)."""
 
-    def __init__(
-        self, servers: Servers, client_id: str, action_space: Callable[[], gym.Space[Any]]
-    ) -> None:
+    def __init__(self, servers: Servers, client_id: str, spaces: Callable[[], Spaces]) -> None:
         self.servers, self.client_id = servers, client_id
         self.episodes: dict[str, RemoteEpisode] = {}
-        self._action_space = action_space
+        self.spaces = spaces
 
     def start(
         self,
@@ -147,16 +149,23 @@ class RemoteInference:
 
     def decode(self, value: Any) -> Any:
         """The server's action as the env takes it (the space is read for a list only)."""
-        return decoded(self._action_space(), value) if isinstance(value, list) else value
+        return decoded(self.spaces()[1], value) if isinstance(value, list) else value
 
     def _request(
         self, episode_id: str, verb: str, observation: Any, multiagent: bool, extra: dict[str, Any]
     ) -> dict[str, Any]:
         state = self.episode(episode_id)
-        body = {**state.body(multiagent, jsonable(observation)), **extra}
         # any id, as RLlib's: quoted whole, '/' too, and the server reads it back
         path = f"/v1/episodes/{quote(episode_id, safe='')}/{verb}"
-        response = state.http.call("POST", path, json=body, headers=state.headers)
+        data = None
+        if not multiagent and binary.large(observation):  # a frame: its bytes, not numbers
+            data = binary.step_body(*self.spaces(), {**state.body(False, observation), **extra})
+        if data is not None:
+            headers = {**state.headers, "Content-Type": binary.ARROW_TYPE}
+            response = state.http.call("POST", path, data=data, headers=headers)
+        else:
+            body = {**state.body(multiagent, jsonable(observation)), **extra}
+            response = state.http.call("POST", path, json=body, headers=state.headers)
         state.sent()
         answer: dict[str, Any] = response.json()
         return answer

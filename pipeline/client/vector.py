@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 from gymnasium.vector import AutoresetMode
 
+from pipeline.client import binary
 from pipeline.client.remote import RemoteEpisode, RemoteInference, decoded
 from pipeline.client.servers import ROUTE_HEADER
 from pipeline.client.transport import jsonable
@@ -92,7 +93,7 @@ def _send(remote: RemoteInference, client_id: str, rows: dict[str, Any]) -> list
         body["starts"] = [None if start is None else {**mine, **start} for start in body["starts"]]
     if "infos" in body:
         body["infos"] = [jsonable(info) for info in body["infos"]]
-    actions = _post(states, body)
+    actions = _post(states, body, remote.spaces()[0])
     for state in states:
         state.sent()
     for i in np.flatnonzero(rows["terminated"] | rows["truncated"]).tolist():
@@ -100,10 +101,10 @@ def _send(remote: RemoteInference, client_id: str, rows: dict[str, Any]) -> list
     return actions
 
 
-def _post(states: list[RemoteEpisode], body: dict[str, Any]) -> list[Any]:
+def _post(states: list[RemoteEpisode], body: dict[str, Any], space: gym.Space[Any]) -> list[Any]:
     """The body as one request per route key among its episodes: one for a vector client's own
     episodes, which all have its key; episodes started on their own each have theirs, and may
-    be on other servers."""
+    be on other servers. Large observations go as Arrow (:mod:`pipeline.client.binary`)."""
     groups: dict[str, list[int]] = {}
     for i, state in enumerate(states):
         groups.setdefault(state.headers[ROUTE_HEADER], []).append(i)
@@ -111,8 +112,13 @@ def _post(states: list[RemoteEpisode], body: dict[str, Any]) -> list[Any]:
     for rows in groups.values():
         part = body if len(groups) == 1 else {k: _take(v, rows) for k, v in body.items()}
         state = states[rows[0]]
-        headers = {**_JSON, **state.headers}
-        response = state.http.call("POST", "/v1/actions", data=_encode(part), headers=headers)
+        data = None
+        if binary.large(part["observations"], len(rows)):
+            data = binary.batch_body(space, part)
+        kind = _JSON if data is None else {"Content-Type": binary.ARROW_TYPE}
+        data = _encode(part) if data is None else data
+        headers = {**kind, **state.headers}
+        response = state.http.call("POST", "/v1/actions", data=data, headers=headers)
         for i, action in zip(rows, orjson.loads(response.content)["actions"], strict=True):
             actions[i] = action
     return actions

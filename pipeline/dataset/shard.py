@@ -66,9 +66,11 @@ def write_shard(
     date: str,
     batches: Sequence[pa.RecordBatch],
     row_group_rows: int,
+    row_group_bytes: int = 64 * 2**20,
 ) -> tuple[str, AddAction]:
-    """Write ``batches`` as the shard of (writer, seq) at its final path, in storage types;
-    returns its path under the table and the Add action that commits it. Until a commit names
+    """Write ``batches`` as the shard of (writer, seq) at its final path, in storage types, in
+    row groups of at most ``row_group_rows`` rows and about ``row_group_bytes`` bytes; returns
+    its path under the table and the Add action that commits it. Until a commit names
     it, no Delta reader sees the file; writing it again (recovery) replaces it whole."""
     filesystem = location.filesystem
     relative = f"{layout.PARTITION_KEY}={date}/{layout.shard_name(writer_id, seq)}"
@@ -77,13 +79,15 @@ def write_shard(
     local = location.local
     data = pa.Table.from_batches(list(batches))
     data = data.cast(storage_schema(data.schema))
+    row_bytes = max(1, data.nbytes // max(1, data.num_rows))
+    group_rows = max(1, min(row_group_rows, row_group_bytes // row_bytes))
     if local:
         filesystem.create_dir(directory, recursive=True)
     try:
         sink = filesystem.open_output_stream(final)
         try:
             with pq.ParquetWriter(sink, data.schema, **parquet_options(data.schema)) as writer:
-                writer.write_table(data, row_group_size=row_group_rows)
+                writer.write_table(data, row_group_size=group_rows)
             size = sink.tell()  # the file's size, without asking the store
         finally:
             sink.close()

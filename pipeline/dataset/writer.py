@@ -53,6 +53,8 @@ class WriterConfig:
         max_bytes: bytes of log data (Arrow, or row lines) per shard before it rolls.
         max_age_s: seconds a shard stays open; bounds how stale a following reader can be.
         row_group_rows: Parquet row group size; smaller groups prune and shuffle better.
+        row_group_bytes: the most bytes (in Arrow, before encoding) of a row group: groups of
+            large rows (camera frames: 131,072 of them are 2.7 GB) hold fewer rows.
         max_pending_shards: rolled shards waiting to be written before appends wait.
         sync: when an append is acknowledged. ``"always"``: after its rows are fsynced to the log,
             so they survive a power cut as well as a crash of this process. ``"background"``:
@@ -67,12 +69,19 @@ class WriterConfig:
     max_bytes: int = 256 * 2**20
     max_age_s: float = 5.0
     row_group_rows: int = 131_072
+    row_group_bytes: int = 64 * 2**20
     max_pending_shards: int = 4
     sync: str = "always"
     sync_interval_s: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("max_rows", "max_bytes", "row_group_rows", "max_pending_shards"):
+        for name in (
+            "max_rows",
+            "max_bytes",
+            "row_group_rows",
+            "row_group_bytes",
+            "max_pending_shards",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError("WriterConfig", name, "an integer >= 1", value)
@@ -396,6 +405,7 @@ class DatasetWriter:
                 date,
                 segment.batches,
                 self.config.row_group_rows,
+                self.config.row_group_bytes,
             )
             if os.environ.get(KILL_AFTER_SHARD_WRITE):  # tests: die between file and commit
                 os.kill(os.getpid(), 9)

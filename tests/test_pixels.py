@@ -1,0 +1,106 @@
+"""Camera-sized observations (84x84x3 uint8 frames) through both modes: every step delivered
+once, and no buffer, batch, log segment or row group larger than its bound (issue 23)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+from server_fixtures import running_server
+
+from pipeline import WriterConfig
+from pipeline.client import PolicyClient
+from pipeline.client import binary as client_binary
+from server.config import ServerConfig
+
+FRAME = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+ACTIONS = gym.spaces.Discrete(3)
+
+
+def _frames(n: int, seed: int = 0) -> np.ndarray:
+    """Random frames: incompressible, the worst case for every byte bound."""
+    return np.random.default_rng(seed).integers(0, 256, (n, *FRAME.shape), np.uint8)
+
+
+def _config(data: Path, **writer: int) -> ServerConfig:
+    return ServerConfig(
+        data=data,
+        observation_space=FRAME,
+        action_space=ACTIONS,
+        writer=WriterConfig(sync="background", **writer),
+    )
+
+
+def test_a_local_client_playing_frames_at_full_speed_delivers_every_step_once(
+    tmp_path: Path,
+) -> None:
+    """The bar of issue 23, shortened: 6 s of frames at full speed (the benchmark plays 30 s).
+    The upload knobs would let rows pile up (a million rows, a minute), so only the byte bounds
+    keep the client's buffer small; the server's log segments (8 MiB) and row groups (1 MiB)
+    are lowered so that many of each are crossed."""
+    data, frames = tmp_path / "ds", _frames(64)
+    row_group_bytes = 2**20
+    with running_server(_config(data, max_bytes=8 * 2**20, row_group_bytes=row_group_bytes)) as s:
+        client = PolicyClient(s.url, spool_dir=tmp_path / "spool", upload_rows=10**6,
+                              upload_interval_s=60, seed=0)  # fmt: skip
+        rows = client._local.rows  # type: ignore[union-attr]
+        steps, most_waiting = 0, 0
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            episode = client.start_episode()
+            for t in range(100):
+                client.get_action(episode, frames[(steps + t) % 64])
+                client.log_returns(episode, 1.0)
+                most_waiting = max(most_waiting, rows.ready)
+            steps += 100
+            client.end_episode(episode, frames[steps % 64], truncated=True)
+        assert client.close(60)
+    assert most_waiting <= rows.max_rows + 10  # about 32 MiB of steps (and a few summaries)
+    stored = pd.read_parquet(data / "steps", columns=["episode_id", "t"])
+    assert len(stored) == steps > 1000
+    assert not stored.duplicated().any()
+    shards = sorted((data / "steps").rglob("*.parquet"))
+    assert len(shards) > 1  # segments rolled by bytes
+    for shard in shards:
+        metadata = pq.ParquetFile(shard).metadata
+        for group in range(metadata.num_row_groups):  # 2 frames a row: ~42 KB
+            assert metadata.row_group(group).num_rows <= row_group_bytes // (2 * FRAME.shape[0])
+
+
+def test_remote_frames_travel_as_arrow_and_store_the_frames_sent(tmp_path: Path) -> None:
+    """A remote client sends an 84x84x3 frame as Arrow (its bytes, not 21,168 JSON numbers),
+    one episode and a batch of several; the stored observations are the frames, bit for bit."""
+    data, frames = tmp_path / "ds", _frames(8, seed=1)
+    assert frames[0].nbytes >= client_binary.BINARY_MIN_BYTES
+    with running_server(_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode="remote")
+        episode = client.start_episode(episode_id="one")
+        for t in range(3):
+            assert client.get_action(episode, frames[t]) in range(3)
+            client.log_returns(episode, 1.0)
+        client.log_action(episode, frames[3], 2)
+        client.end_episode(episode, frames[4])
+        ids = ["v0", "v1", "v2"]
+        assert len(client.step_many(ids, frames[:3], starts=[{}] * 3)) == 3
+        assert client.step_many(ids, frames[3:6], terminated=[True] * 3) == [None] * 3
+        assert client.close()
+    steps = pd.read_parquet(data / "steps").sort_values(["episode_id", "t"])
+    one = steps[steps["episode_id"] == "one"]
+    assert one["t"].tolist() == [0, 1, 2, 3]
+    assert one["action"].tolist()[-1] == 2
+    for t in range(4):
+        assert np.array_equal(_frame(one["observation"].iloc[t]), frames[t])
+        assert np.array_equal(_frame(one["next_observation"].iloc[t]), frames[t + 1])
+    vector = steps[steps["episode_id"].isin(ids)]
+    assert len(vector) == 3
+    for i, row in enumerate(vector.itertuples()):
+        assert np.array_equal(_frame(row.observation), frames[i])
+
+
+def _frame(stored: object) -> np.ndarray:
+    """A frame as the step table's column holds it (flattened in C order)."""
+    return np.asarray(stored).reshape(FRAME.shape)
