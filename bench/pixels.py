@@ -86,6 +86,7 @@ def worker_remote(url: str, seconds: float, start_at: float, seed: int, **opts: 
     envs, pool = int(opts["envs"]), _pool(opts["frames"], seed)
     client = PolicyClient(url, inference_mode="remote", timeout=60.0)
     time.sleep(max(0.0, start_at - time.time()))
+    cpu = time.process_time()
     began, steps, i = time.perf_counter(), 0, 0
     if envs == 1:
         while time.perf_counter() - began < seconds:
@@ -106,7 +107,8 @@ def worker_remote(url: str, seconds: float, start_at: float, seed: int, **opts: 
             vector.step(pool[rows], np.ones(envs), ended, np.zeros(envs, bool))
         vector.close(pool[:envs], np.ones(envs), np.zeros(envs, bool), np.ones(envs, bool))
     client.close()
-    return {"steps": steps, "seconds": time.perf_counter() - began, "ok": True}
+    return {"steps": steps, "seconds": time.perf_counter() - began, "ok": True,
+            "cpu": time.process_time() - cpu}  # fmt: skip
 
 
 def worker_local(url: str, seconds: float, start_at: float, seed: int, **opts: Any) -> dict:
@@ -118,6 +120,7 @@ def worker_local(url: str, seconds: float, start_at: float, seed: int, **opts: A
     with tempfile.TemporaryDirectory() as spool:
         client = PolicyClient(url, inference_mode="local", spool_dir=spool, seed=seed)
         time.sleep(max(0.0, start_at - time.time()))
+        cpu = time.process_time()
         began, steps = time.perf_counter(), 0
         while time.perf_counter() - began < seconds:
             episode = client.start_episode()
@@ -129,7 +132,7 @@ def worker_local(url: str, seconds: float, start_at: float, seed: int, **opts: A
         played = time.perf_counter() - began
         delivered = client.close(300)
     return {"steps": steps, "seconds": time.perf_counter() - began, "played": played,
-            "ok": delivered}  # fmt: skip
+            "ok": delivered, "cpu": time.process_time() - cpu}  # fmt: skip
 
 
 WORKERS = {"remote": worker_remote, "local": worker_local}
@@ -154,7 +157,8 @@ def _phase(kind: str, url: str, clients: int, seconds: float, **opts: Any) -> di
     cpu = _cpu_seconds(SERVER["pid"]) - cpu
     return {"steps": steps, "steps_per_s": steps / max(r["seconds"] for r in results),
             "ok": all(r["ok"] for r in results),
-            "server_us": cpu / max(1, steps) * 1e6}  # fmt: skip
+            "cpu": f"CPU per step: server {cpu / max(1, steps) * 1e6:.0f} us, clients "
+                   f"{sum(r['cpu'] for r in results) / max(1, steps) * 1e6:.0f} us"}  # fmt: skip
 
 
 SERVER: dict[str, int] = {"pid": 0}
@@ -188,14 +192,15 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
 def _remote(url: str, seconds: float, frames: str, label: str) -> float:
     """8 clients on the batch form (8 episodes a request) and one step a request, as Arrow;
     the batch form as JSON, the baseline."""
-    batch = _phase("remote", url, 8, seconds, envs=8, frames=frames, json=0)["steps_per_s"]
+    batch = _phase("remote", url, 8, seconds, envs=8, frames=frames, json=0)
     single = _phase("remote", url, 8, seconds, envs=1, frames=frames, json=0)
     base = _phase("remote", url, 8, seconds, envs=8, frames=frames, json=1)["steps_per_s"]
-    print(f"remote x8 {label}: {batch:,.0f} steps/s on the batch form (8x8), "
-          f"{single['steps_per_s']:,.0f} steps/s one step a request (server "
-          f"{single['server_us']:.0f} us/step); JSON batch form {base:,.0f} steps/s: "
-          f"{batch / base:.1f}x")  # fmt: skip
-    return batch
+    rate = batch["steps_per_s"]
+    print(f"remote x8 {label}, batch form (8 episodes a request): {rate:,.0f} steps/s, "
+          f"{rate / base:.1f}x the same as JSON ({base:,.0f} steps/s); {batch['cpu']}\n"
+          f"remote x8 {label}, a step a request: {single['steps_per_s']:,.0f} steps/s; "
+          f"{single['cpu']}")  # fmt: skip
+    return float(rate)
 
 
 def _local(url: str, seconds: float, data: Path) -> tuple[float, float]:
@@ -210,9 +215,9 @@ def _local(url: str, seconds: float, data: Path) -> tuple[float, float]:
     per_step = _logged_bytes_per_step()
     disk = _disk_bytes_per_s(data.parent / "plain-writes", seconds) / per_step
     local = result["steps_per_s"]
-    print(f"local x8: {local:,.0f} steps/s durably logged, every step delivered (server "
-          f"{result['server_us']:.0f} us/step); plain writes of {per_step:,} bytes a step, "
-          f"fsync every 50 ms: {disk:,.0f} steps/s: {local / disk:.2f}x")  # fmt: skip
+    print(f"local x8: {local:,.0f} steps/s durably logged, every step delivered; "
+          f"{result['cpu']}\n  plain writes of {per_step:,} bytes a step, fsync every 50 ms: "
+          f"{disk:,.0f} steps/s: {local / disk:.2f}x")  # fmt: skip
     return local, local / disk
 
 

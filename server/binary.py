@@ -132,14 +132,13 @@ def _scalars(table: pa.Table, columns: dict[str, pa.DataType | None]) -> dict[st
 
 
 def _space_column(table: pa.Table, name: str, space: gym.Space[Any]) -> Any:
-    """A column of a space's values as a batch (row axis first): its Arrow type, nulls and
-    values checked as :func:`pipeline.format.codec.to_arrow` checks a batch."""
+    """A column of a space's values as a batch (row axis first), its Arrow type and nulls
+    checked; the values (NaN, integers out of range) are checked on the JSON road, which names
+    them as it names a JSON body's."""
     try:
-        batch = codec.from_arrow(space, table.column(name), field=name)
-        codec.to_arrow(space, batch, field=name)  # non-finite floats, integers out of range
+        return codec.from_arrow(space, table.column(name), field=name)
     except SchemaError as error:
         raise ApiError(400, str(error).strip()) from None
-    return batch
 
 
 def _json_text(text: str | None, name: str) -> Any:

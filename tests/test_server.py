@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal
@@ -13,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import requests
 from conftest import cartpole_spaces
@@ -26,13 +28,14 @@ from server_fixtures import (
     start_serve_process,
 )
 
-from pipeline.format import spaces
+from pipeline.format import codec, spaces
 from pipeline.policy.checkpoint import Checkpoint, ModelSpec, save_checkpoint
 from server import openapi
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OBS = [0.01, -0.02, 0.03, 0.04]
+ARROW = "application/vnd.apache.arrow.stream"
 
 
 def _post(url: str, path: str, body: Any, **kwargs: Any) -> requests.Response:
@@ -185,6 +188,54 @@ def _bad_cases(url: str) -> list[tuple[str, dict[str, Any], int, str]]:
         ("/v1/uploads", {"json": {"steps": []}, "headers": {"X-Rlpipe-Client": "c", **AUTH}},
          400, "field 'X-Rlpipe-Upload': expected the upload's number, an integer >= 0, got None"),
         *_unstorable_cases(json_type),
+        *_arrow_cases(),
+    ]  # fmt: skip
+
+
+def _arrow(**columns: Any) -> dict[str, Any]:
+    """A binary body (one Arrow IPC stream) of ``columns`` (Arrow arrays), as requests sends it."""
+    batch = pa.record_batch(list(columns.values()), names=list(columns))
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return {"data": sink.getvalue(), "headers": {"Content-Type": ARROW, **AUTH}}
+
+
+def _arrow_cases() -> list[tuple[str, dict[str, Any], int, str]]:
+    """Binary bodies are refused as JSON ones are: the field, what was expected, what came."""
+    ep, space = "/v1/episodes/e1/actions", cartpole_spaces()[0]
+    obs = codec.to_arrow(space, np.array([OBS], np.float32))
+    nan = codec.to_arrow(space, np.array([OBS], np.float32)).flatten().to_numpy().copy()
+    nan[2] = np.nan
+    nan_obs = pa.FixedSizeListArray.from_arrays(pa.array(nan), 4)
+    two = codec.to_arrow(space, np.array([OBS, OBS], np.float32))
+    return [
+        (ep, _arrow(observation=pa.array([[0.0, 0.0, 0.0, 0.0]])), 400,
+         "field 'observation': expected Arrow type fixed_size_list<item: float>[4], "
+         "got list<item: double>"),
+        (ep, _arrow(observation=nan_obs), 400,
+         "field 'observation': expected finite values, got nan"),
+        (ep, _arrow(observation=two), 400,
+         "field 'body': expected one row (one step of one episode), got 2 rows"),
+        (ep, _arrow(observation=obs, reward=pa.array([1], pa.int32())), 400,
+         "field 'reward': expected an Arrow column of type double, got int32"),
+        (ep, _arrow(observation=obs, rewards=pa.array([1.0])), 400,
+         "field 'rewards': expected one of the columns ['observation', 'reward', 'request', "
+         "'info'], got an unknown column"),
+        (ep, _arrow(reward=pa.array([1.0])), 400, "field 'observation': expected a column, got "
+         "nothing"),
+        ("/v1/episodes/e1/logged-actions", _arrow(observation=obs, action=pa.array([5])), 400,
+         "field 'action': expected an integer in [0, 2), got 5"),
+        (ep, {**_arrow(observation=obs), "data": b"not arrow"}, 400,
+         "body: expected an Arrow IPC stream, got unreadable bytes"),
+        ("/v1/actions", _arrow(episode_ids=pa.array(["e1"]), observations=pa.array(
+            [None], obs.type)), 400,
+         "row 0, field 'observations': expected a value in every row, got null"),
+        ("/v1/actions", _arrow(episode_ids=pa.array(["new5"]), observations=obs,
+                               starts=pa.array(["{nope"])), 400,
+         "field 'starts[0]': expected JSON text of an object, or null, got '{nope'"),
+        ("/v1/episodes", _arrow(observation=obs), 415,
+         f"Content-Type: expected application/json, got {ARROW}"),
     ]  # fmt: skip
 
 
