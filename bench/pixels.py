@@ -42,6 +42,7 @@ SHAPE = (84, 84, 3)
 BARS = {"remote_image_steps_per_s_8": 1000.0, "local_image_vs_disk": 0.5,
         "image_bytes_per_step_vs_frame": 1.1}  # fmt: skip
 EPISODE = 100  # steps per episode of every client
+ENVS = 16  # episodes per request of a remote client on the batch form
 
 
 # --- frames ------------------------------------------------------------------------------------
@@ -190,13 +191,13 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
 
 
 def _remote(url: str, seconds: float, frames: str, label: str) -> float:
-    """8 clients on the batch form (8 episodes a request) and one step a request, as Arrow;
+    """8 clients on the batch form ({ENVS} episodes a request) and one step a request, as Arrow;
     the batch form as JSON, the baseline."""
-    batch = _phase("remote", url, 8, seconds, envs=8, frames=frames, json=0)
+    batch = _phase("remote", url, 8, seconds, envs=ENVS, frames=frames, json=0)
     single = _phase("remote", url, 8, seconds, envs=1, frames=frames, json=0)
-    base = _phase("remote", url, 8, seconds, envs=8, frames=frames, json=1)["steps_per_s"]
+    base = _phase("remote", url, 8, seconds, envs=ENVS, frames=frames, json=1)["steps_per_s"]
     rate = batch["steps_per_s"]
-    print(f"remote x8 {label}, batch form (8 episodes a request): {rate:,.0f} steps/s, "
+    print(f"remote x8 {label}, batch form ({ENVS} episodes a request): {rate:,.0f} steps/s, "
           f"{rate / base:.1f}x the same as JSON ({base:,.0f} steps/s); {batch['cpu']}\n"
           f"remote x8 {label}, a step a request: {single['steps_per_s']:,.0f} steps/s; "
           f"{single['cpu']}")  # fmt: skip

@@ -15,11 +15,11 @@ journal makes them as durable as the rows: each server appends JSON lines
 
 Under ``--sync always`` each record is fsynced before the rows or the answer that depend on it;
 under ``background`` a thread fsyncs the journal every ``sync_interval_s``, as the writer does
-its log. When a file passes ``max_bytes`` the journal rolls: the new file starts with a
-snapshot of every open episode (and the answers of recently ended ones), and the old one is
-deleted once the new one is fsynced. The directory is claimed under a ``flock`` like the
-writer's log (:func:`pipeline.dataset.wal.claim_log_dir`), so a server that finds the lock free
-knows its owner is dead and adopts its episodes. A clean shutdown closes every episode and
+its log. When a file's records after its snapshot pass ``max_bytes`` the journal rolls: the new
+file starts with a snapshot of every open episode (and the answers of recently ended ones), and
+the old one is deleted once the new one is fsynced. The directory is claimed under a ``flock``
+like the writer's log (:func:`pipeline.dataset.wal.claim_log_dir`), so a server that finds the
+lock free knows its owner is dead and adopts its episodes. A clean shutdown closes every episode and
 removes the journal.
 """
 
@@ -67,7 +67,8 @@ class Journal:
         book: the open episodes, which each new file's snapshot holds.
         sync: the writer's sync mode, ``"always"`` or ``"background"``.
         sync_interval_s: how often ``"background"`` fsyncs.
-        max_bytes: the size past which the journal rolls to a new file (default ``MAX_BYTES``).
+        max_bytes: the bytes of records after a file's snapshot past which the journal rolls
+            to a new file (default ``MAX_BYTES``).
         disk: the writer's record of disk refusals; a write the disk refuses is answered 503
             with ``retry_after_s``, as a refused row is.
     """
@@ -208,7 +209,10 @@ class Journal:
             os.close(fd)
             path.unlink()
             raise
-        old, self._fd, self._size, self._dirty = self._fd, fd, len(line), True
+        # the records after the snapshot count towards the next roll, not the snapshot: many
+        # open episodes of frames make a snapshot as large as the limit, and each record
+        # after it would roll again
+        old, self._fd, self._size, self._dirty = self._fd, fd, 0, True
         if old >= 0:
             os.close(old)
             self._retired.append(self._path)

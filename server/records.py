@@ -69,12 +69,23 @@ def start_doc(episode: Episode) -> dict[str, Any]:
 
 
 def _agent_doc(state: AgentState) -> dict[str, Any]:
+    """An agent's state; its pending observation, when an array, as its bytes (``array``): a
+    frame as JSON numbers made every snapshot of many open episodes megabytes long."""
     pending = state.pending
+    array = None
+    if pending is not None and _plain_array(pending.observation):
+        array = _batch_doc(pending.observation[None], 1)
     return {
         "t": state.t,
         "pending": None
         if pending is None
-        else [pending.observation, pending.action, pending.action_logp, pending.policy_version],
+        else [
+            None if array is not None else pending.observation,
+            pending.action,
+            pending.action_logp,
+            pending.policy_version,
+        ],
+        **({} if array is None else {"array": array}),
         "reward": state.reward,
         "info": state.info,
         "terminated": state.terminated,
@@ -105,12 +116,13 @@ def episode_of(doc: dict[str, Any], space: gym.Space[Any]) -> Episode:
 
 
 def _agent_of(doc: dict[str, Any], space: gym.Space[Any]) -> AgentState:
-    pending = doc["pending"]
+    pending, array = doc["pending"], doc.get("array")
+    if pending is not None:
+        rows = _batch_of(array, space) if array is not None else _batch(space, [pending[0]])
+        pending = Pending(batches.row_of(rows, 0), *pending[1:])
     return AgentState(
         t=doc["t"],
-        pending=None
-        if pending is None
-        else Pending(batches.row_of(_batch(space, [pending[0]]), 0), *pending[1:]),
+        pending=pending,
         reward=doc["reward"],
         info=doc["info"],
         terminated=doc["terminated"],
@@ -170,10 +182,14 @@ def request_of(doc: dict[str, Any], space: gym.Space[Any]) -> Request:
     )
 
 
+def _plain_array(value: Any) -> bool:
+    return type(value) is np.ndarray and value.dtype.kind in "fiub"
+
+
 def _batch_doc(batch: Any, n: int) -> Any:
     """A checked batch: an array's bytes (base64: bit for bit, and ~20x cheaper than its
     numbers as JSON), a Dict or Tuple batch as its rows' JSON values."""
-    if type(batch) is np.ndarray and batch.dtype.kind in "fiub":
+    if _plain_array(batch):
         data = base64.b64encode(np.ascontiguousarray(batch).tobytes()).decode()
         return {"dtype": batch.dtype.str, "shape": batch.shape, "data": data}
     return [batches.value_of(batch, i) for i in range(n)]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import orjson
 import pandas as pd
 import pyarrow.parquet as pq
 from server_fixtures import running_server
@@ -15,6 +16,8 @@ from server_fixtures import running_server
 from pipeline import WriterConfig
 from pipeline.client import PolicyClient
 from pipeline.client import binary as client_binary
+from pipeline.recording.episode import AgentState, Episode, Pending
+from server import records
 from server.config import ServerConfig
 
 FRAME = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
@@ -105,3 +108,19 @@ def test_remote_frames_travel_as_arrow_and_store_the_frames_sent(tmp_path: Path)
 def _frame(stored: object) -> np.ndarray:
     """A frame as the step table's column holds it (flattened in C order)."""
     return np.asarray(stored).reshape(FRAME.shape)
+
+
+def test_a_snapshot_keeps_a_pending_frame_as_its_bytes_and_gives_it_back() -> None:
+    """The journal's snapshot of open episodes holds a pending frame as its bytes (base64), not
+    21,168 JSON numbers: 128 open episodes of frames made a snapshot past the journal's 4 MiB,
+    and every record after it rolled the journal again."""
+    frame = _frames(1, seed=2)[0]
+    episode = Episode("e", "c", True, None, None, None)
+    episode.agents["agent_0"] = AgentState(t=3, pending=Pending(frame, 1, -0.5, 7))
+    line = records.dumps({"k": "snapshot", "episodes": [records.episode_doc(episode)]})
+    assert len(line) < 1.5 * FRAME_BYTES  # base64: 4/3 of the frame, and the rest
+    back = records.episode_of(orjson.loads(line)["episodes"][0], FRAME)
+    pending = back.agents["agent_0"].pending
+    assert pending is not None and np.array_equal(pending.observation, frame)
+    assert pending.observation.dtype == np.uint8
+    assert (pending.action, pending.action_logp, pending.policy_version) == (1, -0.5, 7)
