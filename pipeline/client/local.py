@@ -39,10 +39,10 @@ class RowBuffer:
     """Complete step rows and episode summaries waiting for the upload thread.
 
     Its bounds are in rows and in bytes, whatever an observation's size: ``ready_rows`` waiting
-    steps, or a batch's worth of bytes (:data:`pipeline.client.spool.BATCH_BYTES`), call
-    ``on_ready`` (without the buffer's lock) to wake it; :meth:`drain` builds batches of at
-    most that many rows (one Arrow array of every buffered frame passed Arrow's 2^31 limit);
-    and :meth:`add` waits while about ``buffer_bytes`` of rows are waiting.
+    steps, or a batch's worth (:data:`pipeline.client.spool.BATCH_ROWS` and ``BATCH_BYTES``),
+    call ``on_ready`` (without the buffer's lock) to wake it; :meth:`drain` builds batches of
+    at most a batch's worth (one Arrow array of every buffered frame passed Arrow's 2^31
+    limit); and :meth:`add` waits while about ``buffer_bytes`` of rows are waiting.
     """
 
     def __init__(
@@ -56,7 +56,8 @@ class RowBuffer:
         self._spaces = observation_space, action_space
         self._schema = schema.step_schema(observation_space, action_space)
         row_bytes = _row_bytes(observation_space, action_space)
-        self.batch_rows = max(1, min(ready_rows, spool.BATCH_BYTES // row_bytes))
+        self.batch_rows = max(1, min(spool.BATCH_ROWS, spool.BATCH_BYTES // row_bytes))
+        self.wake_rows = min(ready_rows, self.batch_rows)
         self.max_rows = max(self.batch_rows, buffer_bytes // row_bytes)
         self._on_ready = on_ready
         self._lock = threading.Lock()
@@ -84,7 +85,7 @@ class RowBuffer:
                 self._taken.wait(0.1)
             self._steps += done.rows
             self._summaries += done.summaries
-            wake = len(self._steps) >= self.batch_rows
+            wake = len(self._steps) >= self.wake_rows
         if wake:
             self._on_ready()
 
