@@ -143,7 +143,9 @@ WORKERS = {"remote": worker_remote, "local": worker_local}
 
 
 def _phase(kind: str, url: str, clients: int, seconds: float, **opts: Any) -> dict[str, Any]:
-    """``clients`` worker processes together: total steps/s, and the server's CPU per step."""
+    """``clients`` worker processes together: total steps/s, and the server's CPU per step
+    (once the server has written the shards of the phase before, which would count here)."""
+    _settled(url)
     start_at = time.time() + 1.5 + 0.4 * clients
     extra = [f"--{key}={value}" for key, value in opts.items()]
     processes = [
@@ -163,6 +165,17 @@ def _phase(kind: str, url: str, clients: int, seconds: float, **opts: Any) -> di
 
 
 SERVER: dict[str, int] = {"pid": 0}
+
+
+def _settled(url: str, patience_s: float = 120.0) -> None:
+    """Wait until the server has no rolled shard waiting to be written."""
+    import requests
+
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        if requests.get(url + "/v1/health", timeout=10).json()["queue_depth"] == 0:
+            return
+        time.sleep(0.2)
 
 
 def _serve(data: Path, port: int, space: Any = None) -> subprocess.Popen[bytes]:
