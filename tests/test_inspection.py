@@ -99,8 +99,8 @@ def test_unhealthy_files_are_reported(
 ) -> None:
     path = make_dataset(steps=200, per_append=100)
     partition = next((path / "steps").glob("date=*"))
-    (partition / "part-dead-00000009.parquet").write_bytes(b"half a shard, never committed")
     broken = sorted(partition.glob("part-*.parquet"))[0]  # a committed shard, damaged
+    (partition / "part-dead-00000009.parquet").write_bytes(b"half a shard, never committed")
     lost = pq.read_metadata(broken).num_rows
     broken.write_bytes(b"not parquet at all")
     wal = path / "_wal" / "deadwriter"

@@ -19,6 +19,7 @@ import pytest
 import requests
 from conftest import cartpole_spaces
 from s3_fixtures import SECRET, Bucket
+from test_upkeep import columns
 
 from pipeline import DatasetWriter, InputReader, WriterConfig, recover
 from pipeline.dataset import discovery
@@ -38,20 +39,6 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> Location:
         return locate(tmp_path / "ds")
     found: Bucket = request.getfixturevalue("bucket")
     return locate(found.uri(), found.options, found.state_dir)
-
-
-def columns(name: str, rows: int, rng: np.random.Generator) -> dict[str, Any]:
-    observations = rng.standard_normal((rows, 4)).astype(np.float32)
-    return {
-        "episode_id": np.full(rows, name),
-        "t": np.arange(rows),
-        "observation": observations,
-        "action": rng.integers(0, 2, rows),
-        "reward": rng.standard_normal(rows),
-        "next_observation": observations,
-        "terminated": np.zeros(rows, bool),
-        "truncated": np.zeros(rows, bool),
-    }
 
 
 def opened(location: Location, **options: Any) -> InputReader:
