@@ -275,7 +275,10 @@ def _bytes_per_step(data: Path) -> float:
     """The step table's Parquet bytes per row, over the frame's 21,168 bytes."""
     import pyarrow.parquet as pq
 
-    shards = list((data / "steps").rglob("*.parquet"))
+    from pipeline.dataset import discovery
+    from pipeline.dataset.location import locate
+
+    shards = [Path(path) for path in discovery.list_shards(locate(data))]  # not log checkpoints
     rows = sum(pq.ParquetFile(shard).metadata.num_rows for shard in shards)
     return sum(shard.stat().st_size for shard in shards) / max(1, rows) / np.prod(SHAPE)
 
