@@ -108,7 +108,9 @@ def test_a_follower_reads_every_row_once_through_compactions(tmp_path: Path) -> 
     rng = np.random.default_rng(1)
     acknowledged: Counter[tuple[str, str, int]] = Counter()
     writer = DatasetWriter(location.uri, *cartpole_spaces(), config=WriterConfig(max_age_s=0.02))
-    follower = InputReader(location.uri, follow=True, timeout_s=3.0, poll_interval_s=0.02)
+    # stops 10 s after the last row: a commit that loses races to compactions retries with a
+    # backoff, which under a loaded suite took past 3 s once (fresh-clone CI)
+    follower = InputReader(location.uri, follow=True, timeout_s=10.0, poll_interval_s=0.02)
     writing = threading.Event()
 
     def write() -> None:
