@@ -39,8 +39,11 @@ from serve import _accepted, _cpu_seconds, _free_port, _wait_up
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (84, 84, 3)
-BARS = {"remote_image_steps_per_s_8": 1000.0, "local_image_vs_disk": 0.5,
-        "image_bytes_per_step_vs_frame": 1.1}  # fmt: skip
+BARS = {
+    "remote_image_steps_per_s_8": 1000.0,
+    "local_image_vs_disk": 0.5,
+    "image_bytes_per_step_vs_frame": 1.1,
+}
 EPISODE = 100  # steps per episode of every client
 ENVS = 16  # episodes per request of a remote client on the batch form
 
@@ -108,8 +111,12 @@ def worker_remote(url: str, seconds: float, start_at: float, seed: int, **opts: 
             vector.step(pool[rows], np.ones(envs), ended, np.zeros(envs, bool))
         vector.close(pool[:envs], np.ones(envs), np.zeros(envs, bool), np.ones(envs, bool))
     client.close()
-    return {"steps": steps, "seconds": time.perf_counter() - began, "ok": True,
-            "cpu": time.process_time() - cpu}  # fmt: skip
+    return {
+        "steps": steps,
+        "seconds": time.perf_counter() - began,
+        "ok": True,
+        "cpu": time.process_time() - cpu,
+    }
 
 
 def worker_local(url: str, seconds: float, start_at: float, seed: int, **opts: Any) -> dict:
@@ -132,8 +139,13 @@ def worker_local(url: str, seconds: float, start_at: float, seed: int, **opts: A
             client.end_episode(episode, pool[steps % len(pool)], truncated=True)
         played = time.perf_counter() - began
         delivered = client.close(300)
-    return {"steps": steps, "seconds": time.perf_counter() - began, "played": played,
-            "ok": delivered, "cpu": time.process_time() - cpu}  # fmt: skip
+    return {
+        "steps": steps,
+        "seconds": time.perf_counter() - began,
+        "played": played,
+        "ok": delivered,
+        "cpu": time.process_time() - cpu,
+    }
 
 
 WORKERS = {"remote": worker_remote, "local": worker_local}
@@ -149,19 +161,38 @@ def _phase(kind: str, url: str, clients: int, seconds: float, **opts: Any) -> di
     start_at = time.time() + 1.5 + 0.4 * clients
     extra = [f"--{key}={value}" for key, value in opts.items()]
     processes = [
-        subprocess.Popen([sys.executable, __file__, "--worker", kind, "--url", url,
-                          "--seconds", str(seconds), "--start-at", str(start_at),
-                          "--seed", str(i), *extra], stdout=subprocess.PIPE, cwd=ROOT)
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                kind,
+                "--url",
+                url,
+                "--seconds",
+                str(seconds),
+                "--start-at",
+                str(start_at),
+                "--seed",
+                str(i),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+        )
         for i in range(clients)
-    ]  # fmt: skip
+    ]
     cpu = _cpu_seconds(SERVER["pid"])
     results = [json.loads(p.communicate()[0].decode().strip().splitlines()[-1]) for p in processes]
     steps = sum(r["steps"] for r in results)
     cpu = _cpu_seconds(SERVER["pid"]) - cpu
-    return {"steps": steps, "steps_per_s": steps / max(r["seconds"] for r in results),
-            "ok": all(r["ok"] for r in results),
-            "cpu": f"CPU per step: server {cpu / max(1, steps) * 1e6:.0f} us, clients "
-                   f"{sum(r['cpu'] for r in results) / max(1, steps) * 1e6:.0f} us"}  # fmt: skip
+    return {
+        "steps": steps,
+        "steps_per_s": steps / max(r["seconds"] for r in results),
+        "ok": all(r["ok"] for r in results),
+        "cpu": f"CPU per step: server {cpu / max(1, steps) * 1e6:.0f} us, clients "
+        f"{sum(r['cpu'] for r in results) / max(1, steps) * 1e6:.0f} us",
+    }
 
 
 SERVER: dict[str, int] = {"pid": 0}
@@ -186,13 +217,28 @@ def _serve(data: Path, port: int, space: Any = None) -> subprocess.Popen[bytes]:
 
     spaces = data.parent / f"{data.name}-spaces.json"
     observation_space = gym.spaces.Box(0, 255, SHAPE, np.uint8) if space is None else space
-    doc = {"env_id": "Pixels-v0", "observation_space": space_to_json(observation_space),
-           "action_space": space_to_json(gym.spaces.Discrete(2))}  # fmt: skip
+    doc = {
+        "env_id": "Pixels-v0",
+        "observation_space": space_to_json(observation_space),
+        "action_space": space_to_json(gym.spaces.Discrete(2)),
+    }
     spaces.write_text(json.dumps(doc))
     server = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "serve", "--data", str(data), "--spaces", str(spaces),
-         "--port", str(port)], cwd=ROOT, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "serve",
+            "--data",
+            str(data),
+            "--spaces",
+            str(spaces),
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_up(f"http://127.0.0.1:{port}/v1/health", server)
     SERVER["pid"] = server.pid
     return server
@@ -210,10 +256,12 @@ def _remote(url: str, seconds: float, frames: str, label: str) -> float:
     single = _phase("remote", url, 8, seconds, envs=1, frames=frames, json=0)
     base = _phase("remote", url, 8, seconds, envs=ENVS, frames=frames, json=1)["steps_per_s"]
     rate = batch["steps_per_s"]
-    print(f"remote x8 {label}, batch form ({ENVS} episodes a request): {rate:,.0f} steps/s, "
-          f"{rate / base:.1f}x the same as JSON ({base:,.0f} steps/s); {batch['cpu']}\n"
-          f"remote x8 {label}, a step a request: {single['steps_per_s']:,.0f} steps/s; "
-          f"{single['cpu']}")  # fmt: skip
+    print(
+        f"remote x8 {label}, batch form ({ENVS} episodes a request): {rate:,.0f} steps/s, "
+        f"{rate / base:.1f}x the same as JSON ({base:,.0f} steps/s); {batch['cpu']}\n"
+        f"remote x8 {label}, a step a request: {single['steps_per_s']:,.0f} steps/s; "
+        f"{single['cpu']}"
+    )
     return float(rate)
 
 
@@ -224,14 +272,17 @@ def _local(url: str, seconds: float, data: Path) -> tuple[float, float]:
     result = _phase("local", url, 8, seconds, frames="random")
     stored = _accepted(url) - before
     if not result["ok"] or stored != result["steps"]:
-        raise SystemExit(f"local x8: played {result['steps']}, stored {stored}, "
-                         f"delivered: {result['ok']}")  # fmt: skip
+        raise SystemExit(
+            f"local x8: played {result['steps']}, stored {stored}, delivered: {result['ok']}"
+        )
     per_step = _logged_bytes_per_step()
     disk = _disk_bytes_per_s(data.parent / "plain-writes", seconds) / per_step
     local = result["steps_per_s"]
-    print(f"local x8: {local:,.0f} steps/s durably logged, every step delivered; "
-          f"{result['cpu']}\n  plain writes of {per_step:,} bytes a step, fsync every 50 ms: "
-          f"{disk:,.0f} steps/s: {local / disk:.2f}x")  # fmt: skip
+    print(
+        f"local x8: {local:,.0f} steps/s durably logged, every step delivered; "
+        f"{result['cpu']}\n  plain writes of {per_step:,} bytes a step, fsync every 50 ms: "
+        f"{disk:,.0f} steps/s: {local / disk:.2f}x"
+    )
     return local, local / disk
 
 
@@ -291,16 +342,20 @@ def _delivery(url: str, data: Path, seconds: float, server: subprocess.Popen[byt
     _stop(server)
     keys = pd.read_parquet(data / "steps", columns=["episode_id", "agent_id", "t"])
     once = len(keys) == result["steps"] and not keys.duplicated().any()
-    print(f"delivery: one local client played {result['steps']:,} frames in {seconds:.0f} s; "
-          f"close() {result['ok']}; stored {len(keys):,} rows, each step once: {once}")  # fmt: skip
+    print(
+        f"delivery: one local client played {result['steps']:,} frames in {seconds:.0f} s; "
+        f"close() {result['ok']}; stored {len(keys):,} rows, each step once: {once}"
+    )
     return bool(result["ok"] and once)
 
 
 def run(seconds: float, delivery_seconds: float) -> None:
     from common import machine_speed, report
 
-    print(f"frames 84x84x3 uint8; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-          f"cores; 1e7 Python additions in {machine_speed():.2f} s")  # fmt: skip
+    print(
+        f"frames 84x84x3 uint8; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+        f"cores; 1e7 Python additions in {machine_speed():.2f} s"
+    )
     figures: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory() as tmp:
         np.save(Path(tmp) / "rendered.npy", rendered_frames(512))
@@ -359,8 +414,10 @@ def threshold(seconds: float) -> None:
                 client.close()
             finally:
                 _stop(server)
-        print(f"float32 x{size} ({4 * size} bytes): JSON {rates[0]:,.0f} steps/s, "
-              f"Arrow {rates[1]:,.0f} steps/s: {rates[1] / rates[0]:.2f}x")  # fmt: skip
+        print(
+            f"float32 x{size} ({4 * size} bytes): JSON {rates[0]:,.0f} steps/s, "
+            f"Arrow {rates[1]:,.0f} steps/s: {rates[1] / rates[0]:.2f}x"
+        )
 
 
 def _steps_per_s(client: Any, sample: Any, seconds: float) -> float:
@@ -376,8 +433,12 @@ def _steps_per_s(client: Any, sample: Any, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
-    parser.add_argument("--delivery-seconds", type=float, default=30.0,
-                        help="the local client's full-speed play (0: skip)")  # fmt: skip
+    parser.add_argument(
+        "--delivery-seconds",
+        type=float,
+        default=30.0,
+        help="the local client's full-speed play (0: skip)",
+    )
     parser.add_argument(
         "--threshold", action="store_true", help="only: where Arrow beats JSON, one remote client"
     )

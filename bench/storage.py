@@ -54,8 +54,12 @@ from pipeline.dataset.location import Location, locate
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = Path(__file__).with_name("serve.py")
-BARS = {"local_reader_vs_raw": (">=", 0.7), "s3_reader_vs_raw": (">=", 0.7),
-        "follow_lag_p50_s": ("<=", 1.0), "requests_per_commit": ("<=", 10.0)}  # fmt: skip
+BARS = {
+    "local_reader_vs_raw": (">=", 0.7),
+    "s3_reader_vs_raw": (">=", 0.7),
+    "follow_lag_p50_s": ("<=", 1.0),
+    "requests_per_commit": ("<=", 10.0),
+}
 ROUNDS = 5  # reader rounds, interleaved, best of each (as bench/reader.py)
 COMMITS = 30  # for requests per commit
 
@@ -79,8 +83,11 @@ class Moto:
 
     @property
     def options(self) -> dict[str, str]:
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "bench",
-                "AWS_SECRET_ACCESS_KEY": "bench-secret"}  # fmt: skip
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench-secret",
+        }
 
     def location(self, prefix: str, state: Path) -> Location:
         return locate(f"s3://{self.bucket}/{prefix}", self.options, state)
@@ -104,8 +111,9 @@ def moto_server(directory: Path) -> Iterator[Moto]:
     log = open(directory / "moto.log", "w+b")  # noqa: SIM115 (closed below)
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=log,
-    )  # fmt: skip
+        stdout=log,
+        stderr=log,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -118,9 +126,13 @@ def moto_server(directory: Path) -> Iterator[Moto]:
                     raise RuntimeError("moto did not start") from None
                 time.sleep(0.1)
         moto = Moto(endpoint, process, log)
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                     aws_access_key_id="bench", aws_secret_access_key="bench-secret",
-                     ).create_bucket(Bucket=moto.bucket)  # fmt: skip
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench-secret",
+        ).create_bucket(Bucket=moto.bucket)
         yield moto
     finally:
         process.terminate()
@@ -159,10 +171,22 @@ def _serve(store: Store, prefix: str, index: int, port: int) -> subprocess.Popen
 
     location = store.location(prefix)
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "serve", "--data", location.uri, "--env",
-         "CartPole-v1", "--port", str(port)],
-        cwd=ROOT, stderr=subprocess.DEVNULL, env={**os.environ, **store.server_env(prefix, index)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "serve",
+            "--data",
+            location.uri,
+            "--env",
+            "CartPole-v1",
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **store.server_env(prefix, index)},
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
         try:
@@ -190,14 +214,29 @@ def ingest(store: Store, servers: int, seconds: float) -> float:
     try:
         start_at = time.time() + 2.5
         clients = [
-            subprocess.Popen([sys.executable, str(SERVE), "--worker", "ingest", "--url",
-                              f"http://127.0.0.1:{ports[n % servers]}", "--seconds", str(seconds),
-                              "--start-at", str(start_at), "--seed", str(n)],
-                             stdout=subprocess.PIPE, cwd=ROOT)
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(SERVE),
+                    "--worker",
+                    "ingest",
+                    "--url",
+                    f"http://127.0.0.1:{ports[n % servers]}",
+                    "--seconds",
+                    str(seconds),
+                    "--start-at",
+                    str(start_at),
+                    "--seed",
+                    str(n),
+                ],
+                stdout=subprocess.PIPE,
+                cwd=ROOT,
+            )
             for n in range(3)
-        ]  # fmt: skip
-        acked = sum(json.loads(c.communicate()[0].decode().splitlines()[-1])["steps"]
-                    for c in clients)  # fmt: skip
+        ]
+        acked = sum(
+            json.loads(c.communicate()[0].decode().splitlines()[-1])["steps"] for c in clients
+        )
         location = store.location(prefix)
         while (rows := _committed_rows(location)) < acked:
             time.sleep(0.05)
@@ -218,9 +257,13 @@ def write_steps(location: Location, total: int) -> None:
     columns = cartpole_columns(100_000)
     config = WriterConfig(max_rows=250_000)
     with DatasetWriter(
-        location.uri, *cartpole_spaces(), env_id="CartPole-v1", config=config,
-        storage_options=dict(location.storage_options), state_dir=location.state_dir,
-    ) as writer:  # fmt: skip
+        location.uri,
+        *cartpole_spaces(),
+        env_id="CartPole-v1",
+        config=config,
+        storage_options=dict(location.storage_options),
+        state_dir=location.state_dir,
+    ) as writer:
         for _ in range(total // 100_000):
             writer.append(columns)
 
@@ -233,8 +276,12 @@ def raw_scan(location: Location) -> tuple[float, float, int]:
     from pipeline.dataset.reader import DEFAULT_COLUMNS
 
     started = time.perf_counter()
-    dataset = ds.dataset(location.path("steps"), filesystem=location.filesystem,
-                         format="parquet", partitioning="hive")  # fmt: skip
+    dataset = ds.dataset(
+        location.path("steps"),
+        filesystem=location.filesystem,
+        format="parquet",
+        partitioning="hive",
+    )
     found = time.perf_counter()
     rows = sum(b.num_rows for b in dataset.to_batches(columns=list(DEFAULT_COLUMNS)))
     return found - started, time.perf_counter() - found, rows
@@ -342,11 +389,15 @@ def requests_per_commit(moto: Moto, tmp: Path, writers: int) -> tuple[float, dic
     location = moto.location(prefix, tmp / "state" / prefix)
     columns = cartpole_columns(1_000)
     opened = [
-        DatasetWriter(location.uri, *cartpole_spaces(), config=WriterConfig(max_age_s=600.0),
-                      storage_options=dict(location.storage_options),
-                      state_dir=location.state_dir / str(n))
+        DatasetWriter(
+            location.uri,
+            *cartpole_spaces(),
+            config=WriterConfig(max_age_s=600.0),
+            storage_options=dict(location.storage_options),
+            state_dir=location.state_dir / str(n),
+        )
         for n in range(writers)
-    ]  # fmt: skip
+    ]
 
     def commit(writer: DatasetWriter, times: int) -> None:
         for _ in range(times):
@@ -396,9 +447,11 @@ def main() -> None:
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         raise SystemExit(f"--only: unknown phases {unknown}; choose from {list(PHASES)}")
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; machine speed: "
-          f"1e7 Python additions in {machine_speed():.2f} s; S3 is moto in server mode "
-          f"on 127.0.0.1")  # fmt: skip
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; machine speed: "
+        f"1e7 Python additions in {machine_speed():.2f} s; S3 is moto in server mode "
+        f"on 127.0.0.1"
+    )
     figures: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as name, moto_server(Path(name)) as moto:
         tmp = Path(name)
@@ -418,25 +471,31 @@ def main() -> None:
 
 def _ingest(store: Store, seconds: float) -> dict[str, float]:
     one, three = ingest(store, 1, seconds), ingest(store, 3, seconds)
-    print(f"{store.name} ingest, 3 upload clients: 1 server {one:,.0f} steps/s, 3 servers "
-          f"{three:,.0f} steps/s ({three / one:.2f}x one)")  # fmt: skip
+    print(
+        f"{store.name} ingest, 3 upload clients: 1 server {one:,.0f} steps/s, 3 servers "
+        f"{three:,.0f} steps/s ({three / one:.2f}x one)"
+    )
     return {f"{store.name}_ingest_steps_per_s_1": one, f"{store.name}_ingest_steps_per_s_3": three}
 
 
 def _reader(store: Store, total: int) -> dict[str, float]:
     found = reader_vs_raw(store, total)
     mine, raw = found["reader_rows_per_s"], found["raw_rows_per_s"]
-    print(f"{store.name} reader: InputReader {mine:,.0f} rows/s, raw pyarrow.dataset scan "
-          f"{raw:,.0f} rows/s ({mine / raw:.2f}x raw); opening it {found['reader_open_s']:.3f} s, "
-          f"the raw discovery {found['raw_discover_s']:.3f} s")  # fmt: skip
+    print(
+        f"{store.name} reader: InputReader {mine:,.0f} rows/s, raw pyarrow.dataset scan "
+        f"{raw:,.0f} rows/s ({mine / raw:.2f}x raw); opening it {found['reader_open_s']:.3f} s, "
+        f"the raw discovery {found['raw_discover_s']:.3f} s"
+    )
     figures = {f"{store.name}_{key}": value for key, value in found.items()}
     return figures | {f"{store.name}_reader_vs_raw": mine / raw}
 
 
 def _lag(store: Store, seconds: float) -> dict[str, float]:
     p50, p99, count = follow_lag(store, seconds)
-    print(f"{store.name} follow lag over {count} steps: p50 {p50:.3f} s, p99 {p99:.3f} s "
-          f"(the server commits every 1 s, the follower polls every 0.2 s)")  # fmt: skip
+    print(
+        f"{store.name} follow lag over {count} steps: p50 {p50:.3f} s, p99 {p99:.3f} s "
+        f"(the server commits every 1 s, the follower polls every 0.2 s)"
+    )
     key = "follow_lag" if store.name == "local" else "s3_follow_lag"
     return {f"{key}_p50_s": p50, f"{key}_p99_s": p99}
 
@@ -445,9 +504,11 @@ def _requests(moto: Moto, tmp: Path) -> dict[str, float]:
     figures = {}
     for writers, key in ((1, "requests_per_commit"), (3, "requests_per_commit_3_writers")):
         per_commit, kinds = requests_per_commit(moto, tmp, writers)
-        print(f"requests per commit, {writers} writer(s) committing back to back: "
-              f"{per_commit:.2f}: "
-              + ", ".join(f"{kind} {count:.2f}" for kind, count in kinds.items()))  # fmt: skip
+        print(
+            f"requests per commit, {writers} writer(s) committing back to back: "
+            f"{per_commit:.2f}: "
+            + ", ".join(f"{kind} {count:.2f}" for kind, count in kinds.items())
+        )
         figures[key] = per_commit
     return figures
 

@@ -51,8 +51,9 @@ def test_a_local_client_playing_frames_at_full_speed_delivers_every_step_once(
     data, frames = tmp_path / "ds", _frames(64)
     row_group_bytes = 2**20
     with running_server(_config(data, max_bytes=8 * 2**20, row_group_bytes=row_group_bytes)) as s:
-        client = PolicyClient(s.url, spool_dir=tmp_path / "spool", upload_rows=10**6,
-                              upload_interval_s=60, seed=0)  # fmt: skip
+        client = PolicyClient(
+            s.url, spool_dir=tmp_path / "spool", upload_rows=10**6, upload_interval_s=60, seed=0
+        )
         rows = client._local.rows  # type: ignore[union-attr]
         steps, most_waiting = 0, 0
         deadline = time.monotonic() + 6

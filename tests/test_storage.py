@@ -58,9 +58,12 @@ def test_write_follow_and_read_back(place: Location) -> None:
     config = WriterConfig(max_age_s=0.05)
     options = dict(place.storage_options)
     writer = DatasetWriter(
-        place.uri, *cartpole_spaces(), config=config, storage_options=options,
+        place.uri,
+        *cartpole_spaces(),
+        config=config,
+        storage_options=options,
         state_dir=place.state_dir,
-    )  # fmt: skip
+    )
     follower = opened(place, follow=True, timeout_s=3.0, poll_interval_s=0.05, batch_size=4096)
     written: Counter[tuple[str, int]] = Counter()
 
@@ -106,8 +109,11 @@ def test_a_kill_between_file_and_commit_commits_once(
     env[KILL_AFTER_SHARD_WRITE] = "1"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), location.uri, "0", "1000000", "always", "columns"],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == -9, done.stderr[-2000:]
     acknowledged = dict(line.split() for line in done.stdout.splitlines())
     assert acknowledged
@@ -148,14 +154,16 @@ def test_an_unreachable_endpoint_is_named(tmp_path: Path) -> None:
 def test_a_wrong_key_and_a_missing_bucket_are_named(bucket: Bucket, tmp_path: Path) -> None:
     missing = bucket.uri().replace(bucket.name, f"{bucket.name}-gone")
     with pytest.raises(DatasetError, match="no such bucket") as caught:
-        DatasetWriter(missing, *cartpole_spaces(), storage_options=bucket.options,
-                      state_dir=tmp_path)  # fmt: skip
+        DatasetWriter(
+            missing, *cartpole_spaces(), storage_options=bucket.options, state_dir=tmp_path
+        )
     assert missing in str(caught.value) and SECRET not in str(caught.value)
     requests.post(f"{bucket.endpoint}/moto-api/reset-auth", data=b"0", timeout=5)
     try:  # moto now checks keys, and knows none
         with pytest.raises(DatasetError, match="no permission") as caught:
-            DatasetWriter(bucket.uri(), *cartpole_spaces(), storage_options=bucket.options,
-                          state_dir=tmp_path)  # fmt: skip
+            DatasetWriter(
+                bucket.uri(), *cartpole_spaces(), storage_options=bucket.options, state_dir=tmp_path
+            )
         assert bucket.uri() in str(caught.value) and SECRET not in str(caught.value)
     finally:
         requests.post(f"{bucket.endpoint}/moto-api/reset-auth", data=b"inf", timeout=5)
@@ -168,14 +176,16 @@ def test_a_compaction_adds_nothing_for_a_follower(place: Location) -> None:
 
     rng = np.random.default_rng(1)
     options = dict(place.storage_options)
-    writer = DatasetWriter(place.uri, *cartpole_spaces(), storage_options=options,
-                           state_dir=place.state_dir)  # fmt: skip
+    writer = DatasetWriter(
+        place.uri, *cartpole_spaces(), storage_options=options, state_dir=place.state_dir
+    )
     with writer:
         for number in range(5):
             writer.append(columns(f"a{number}", 100, rng))
             writer.flush()
-        follower = opened(place, follow=True, timeout_s=0.5, poll_interval_s=0.05,
-                          batch_size=100_000)  # fmt: skip
+        follower = opened(
+            place, follow=True, timeout_s=0.5, poll_interval_s=0.05, batch_size=100_000
+        )
         batches = iter(follower)
         first = next(batches)
         table = DeltaTable(place.table_uri(layout.STEPS), storage_options=options)

@@ -30,8 +30,22 @@ def test_inspect_and_train_a_dataset_in_a_bucket(
     assert report["rows"] == 600 and report["shards"]["steps"] == 3
     assert not report["health"]["uncommitted"] and SECRET not in out
     run_dir = tmp_path / "run"
-    args = ["train", "bc", "--data", bucket.uri(), "--run-dir", str(run_dir), "--max-updates",
-            "3", "--eval-every", "3", "--hidden", "8,8", "--batch-size", "32"]  # fmt: skip
+    args = [
+        "train",
+        "bc",
+        "--data",
+        bucket.uri(),
+        "--run-dir",
+        str(run_dir),
+        "--max-updates",
+        "3",
+        "--eval-every",
+        "3",
+        "--hidden",
+        "8,8",
+        "--batch-size",
+        "32",
+    ]
     assert main([*args, "--data-version", "1", *flags(bucket.options)]) == 0
     (line,) = [json.loads(text) for text in (run_dir / "reads.jsonl").read_text().splitlines()]
     assert (line["data_version"], line["rows"]) == (1, 400)
@@ -54,8 +68,10 @@ def test_a_bad_option_names_the_flag(
 ) -> None:
     location = locate(tmp_path / "ds")
     write_commits(location, 1)
-    args = {"train": ["train", "bc", "--data", location.uri], "replay": ["replay", location.uri,
-            "--episode", "s0-0"]}.get(command, [command, location.uri])  # fmt: skip
+    args = {
+        "train": ["train", "bc", "--data", location.uri],
+        "replay": ["replay", location.uri, "--episode", "s0-0"],
+    }.get(command, [command, location.uri])
     assert main([*args, "--storage-option", word]) == 2
     err = capsys.readouterr().err
     assert "--storage-option" in err and shown in err and SECRET not in err
@@ -77,9 +93,16 @@ def test_serve_a_dataset_in_a_bucket(
     port = free_port()
     (tmp_path / "policies").mkdir()
     server = start_serve_process(
-        bucket.uri(), port, "--policy", str(tmp_path / "policies"), "--commit-age", "0.1",
-        "--compact-every", "0.5", *flags(bucket.options),
-    )  # fmt: skip
+        bucket.uri(),
+        port,
+        "--policy",
+        str(tmp_path / "policies"),
+        "--commit-age",
+        "0.1",
+        "--compact-every",
+        "0.5",
+        *flags(bucket.options),
+    )
     try:
         client = PolicyClient(f"127.0.0.1:{port}", "local", update_interval=None)
         lengths = play_client(client, 4, seed=0)
@@ -107,8 +130,15 @@ def test_import_into_a_bucket(
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     episodes = rollouts()
     frame(episodes).to_parquet(tmp_path / "steps.parquet")
-    argv = ["import", "table", str(tmp_path / "steps.parquet"), bucket.uri(), "--env",
-            "CartPole-v1", *flags(bucket.options)]  # fmt: skip
+    argv = [
+        "import",
+        "table",
+        str(tmp_path / "steps.parquet"),
+        bucket.uri(),
+        "--env",
+        "CartPole-v1",
+        *flags(bucket.options),
+    ]
     assert main(argv) == 0
     rows = sum(len(batch) for batch in InputReader(bucket.uri(), storage_options=bucket.options))
     assert rows == sum(len(episode["act"]) for episode in episodes)

@@ -84,9 +84,13 @@ def test_a_follower_resumes_from_its_version_across_compactions(tmp_path: Path) 
     write_commits(location, 1, seed=2)
     upkeep(location)
     resumed = InputReader(
-        location.uri, follow=True, timeout_s=0.3, poll_interval_s=0.02, version=version,
+        location.uri,
+        follow=True,
+        timeout_s=0.3,
+        poll_interval_s=0.02,
+        version=version,
         skip_shards=shards,
-    )  # fmt: skip
+    )
     read += list(resumed)
     counted = keys(read)
     assert sum(counted.values()) == 5 * 200 and max(counted.values()) == 1
@@ -109,8 +113,20 @@ def test_a_resumed_offline_run_reads_the_version_it_trained_on(tmp_path: Path) -
     location = locate(tmp_path / "ds")
     write_commits(location, 2)
     run_dir = tmp_path / "run"
-    args = ["train", "bc", "--data", location.uri, "--run-dir", str(run_dir), "--eval-every",
-            "2", "--hidden", "8,8", "--batch-size", "32"]  # fmt: skip
+    args = [
+        "train",
+        "bc",
+        "--data",
+        location.uri,
+        "--run-dir",
+        str(run_dir),
+        "--eval-every",
+        "2",
+        "--hidden",
+        "8,8",
+        "--batch-size",
+        "32",
+    ]
     assert main([*args, "--max-updates", "2"]) == 0
     write_commits(location, 3, seed=1)
     upkeep(location)
