@@ -18,16 +18,24 @@
   SB3's SAC does, but no more than it has time for. Figure: seconds until the evaluation return
   reaches -200, over SB3 SAC's (``sac_wall_vs_sb3``).
 - BC and MARWIL on RLlib's recorded CartPole (``cartpole-v1_large``), CQL on RLlib's recorded
-  Pendulum (``pendulum-v1_enormous``), offline through ``rlpipe train``: the evaluation return.
+  Pendulum (``pendulum-v1_enormous``), offline through ``rlpipe train``: the evaluation return,
+  the worst of 3 seeds.
+
+A single run's ratio swings with either side's luck (0.49 to 1.87 on one machine and code), so
+each online figure is a median over seeds on both sides (PPO 5, SAC 3; ``--seeds`` sets all),
+the sides taking turns to go first seed by seed so that the machine's swings hit both alike.
+``ppo_wall_vs_sb3_worst`` is rlpipe's slowest PPO seed over SB3's median. Each run's seconds and
+env steps are printed, and for each side the median and spread of seconds, env steps to the bar
+(sample efficiency) and env steps a second (throughput).
 
 Online seconds are the trainer's own clock (``seconds`` in its metrics: from when it has
 imported torch and built its networks, as SB3's clock starts after its model is built) to the
-first record at the bar; the seconds from launching ``rlpipe train`` are printed beside them.
+first record at the bar.
 Server and clients run the whole time. Everything is single-threaded (``OMP_NUM_THREADS=1`` in
 every process, ``torch.set_num_threads(1)`` here), as SB3 is. Every run is capped at
 ``--budget`` seconds; a figure not reached in it is ``null`` in the closing JSON line, and the
 line before it says why.
-Run: ``python bench/learn.py [--budget 300] [--only ppo,sac,bc,marwil,cql]``.
+Run: ``python bench/learn.py [--budget 300] [--seeds K] [--only ppo,sac,bc,marwil,cql]``.
 """
 
 from __future__ import annotations
@@ -47,9 +55,11 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import baselines
+from baselines import Run
 
 from pipeline.commands.cli import main as rlpipe
 from pipeline.importers.rllib import read_ray_data
@@ -82,10 +92,12 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def offline(algorithm: str, data: Path, root: Path, budget: float, stop: float) -> float | None:
-    run_dir = root / f"run-{algorithm}"
+def offline(
+    algorithm: str, data: Path, root: Path, budget: float, stop: float, seed: int
+) -> float | None:
+    run_dir = root / f"run-{algorithm}-{seed}"
     argv = ["train", algorithm, "--data", str(data), "--run-dir", str(run_dir),
-            "--max-seconds", str(budget), "--stop-return", str(stop),
+            "--max-seconds", str(budget), "--stop-return", str(stop), "--seed", str(seed),
             "--eval-every", "500", "--eval-episodes", "10"]  # fmt: skip
     with contextlib.redirect_stderr(io.StringIO()):
         rlpipe(argv)
@@ -161,14 +173,14 @@ def _stop(processes: list[subprocess.Popen[Any]], timeout: float) -> None:
 def _watch(
     trainer: subprocess.Popen[Any], run_dir: Path, key: str, stop: float, deadline: float
 ) -> dict[str, Any] | None:
-    """The first metrics record at ``stop``, with ``launch_seconds`` (from the call to when it
-    was seen) added; None if the trainer ended or ``deadline`` passed without one."""
+    """The first metrics record at ``stop``; None if the trainer ended or ``deadline`` passed
+    without one."""
     started = time.perf_counter()
     while time.perf_counter() - started < deadline:
         exited = trainer.poll() is not None  # before the look: its last record is then in
         for record in _metrics(run_dir):
             if record.get(key) is not None and record[key] >= stop:
-                return {**record, "launch_seconds": time.perf_counter() - started}
+                return record
         if exited:
             return None
         time.sleep(0.1)
@@ -196,23 +208,24 @@ class OnlineRun:
         return "episode_return" if self.algorithm == "ppo" else "eval_return"
 
 
-def online(run: OnlineRun, root: Path, budget: float) -> tuple[dict[str, Any] | None, list[Any]]:
-    """(the first record at the bar or None, all records with a score) of ``rlpipe train
-    --follow`` on the dataset ``rlpipe serve`` writes for ``run.clients`` client processes."""
-    data, run_dir = root / f"live-{run.algorithm}", root / f"run-{run.algorithm}"
+def online(run: OnlineRun, root: Path, budget: float, seed: int) -> Run:
+    """Seconds to the bar and env steps of ``rlpipe train --follow --seed SEED`` on the dataset
+    ``rlpipe serve`` writes for ``run.clients`` client processes."""
+    name = f"{run.algorithm}-{seed}"
+    data, run_dir = root / f"live-{name}", root / f"run-{name}"
     server, address = _serve(data, run.env_id, run.interval_s)
     processes: list[subprocess.Popen[Any]] = []
     try:
         command = [sys.executable, "-m", "pipeline", "train", run.algorithm, "--follow",
                    "--data", str(data), "--run-dir", str(run_dir), "--max-seconds", str(budget),
-                   "--stop-return", str(run.stop), *run.options]  # fmt: skip
-        with (root / f"train-{run.algorithm}.log").open("w") as log:
+                   "--stop-return", str(run.stop), "--seed", str(seed), *run.options]  # fmt: skip
+        with (root / f"train-{name}.log").open("w") as log:
             trainer = subprocess.Popen(command, env=ENV, cwd=ROOT, stdout=log,
                                        stderr=subprocess.STDOUT)  # fmt: skip
         processes.append(trainer)
-        for seed in range(run.clients):
-            argv = [sys.executable, __file__, "--client", address, run.env_id, str(seed),
-                    str(root / f"spool-{run.algorithm}-{seed}"), str(run.client_rate),
+        for number in range(seed * run.clients, (seed + 1) * run.clients):
+            argv = [sys.executable, __file__, "--client", address, run.env_id, str(number),
+                    str(root / f"spool-{name}-{number}"), str(run.client_rate),
                     str(run.interval_s)]  # fmt: skip
             processes.append(subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL))
         reached = _watch(trainer, run_dir, run.key, run.stop, budget + 60.0)
@@ -220,86 +233,53 @@ def online(run: OnlineRun, root: Path, budget: float) -> tuple[dict[str, Any] | 
         _stop(processes, timeout=30.0)  # clients and trainer, then the server they talk to
         _stop([server], timeout=30.0)
     if reached is None:  # say why: the trainer's last words
-        tail = (root / f"train-{run.algorithm}.log").read_text().splitlines()[-5:]
-        print(f"{run.algorithm} trainer (exit {trainer.returncode}) ended with:", *tail,
-              sep="\n  ")  # fmt: skip
-    return reached, [m for m in _metrics(run_dir) if m.get(run.key) is not None]
-
-
-def sb3_ppo(budget: float) -> tuple[float | None, int]:
-    """SB3 PPO with RL-Zoo's CartPole-v1 hyperparameters, until 20-episode mean return >= 475."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-
-    class Stop(BaseCallback):
-        def _on_step(self) -> bool:
-            buffer = self.model.ep_info_buffer
-            recent = [info["r"] for info in list(buffer)[-20:]]
-            solved[0] = len(recent) == 20 and bool(np.mean(recent) >= 475)
-            return not solved[0] and time.perf_counter() - started < budget
-
-    def linear(start: float) -> Any:  # RL-Zoo's lin_ schedules: start * progress remaining
-        return lambda progress_remaining: progress_remaining * start
-
-    solved = [False]
-    env = make_vec_env("CartPole-v1", n_envs=8, seed=0)
-    model = PPO(
-        "MlpPolicy",
-        env,
-        n_steps=32,
-        batch_size=256,
-        gae_lambda=0.8,
-        gamma=0.98,
-        n_epochs=20,
-        ent_coef=0.0,
-        learning_rate=linear(0.001),
-        clip_range=linear(0.2),
-        seed=0,
-        device="cpu",
-    )  # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1 (n_timesteps 1e5)
-    started = time.perf_counter()
-    model.learn(total_timesteps=100_000, callback=Stop())
-    seconds = time.perf_counter() - started
-    return (seconds if solved[0] else None), model.num_timesteps
-
-
-def sb3_sac(budget: float) -> tuple[float | None, int]:
-    """SB3 SAC (RL-Zoo's Pendulum-v1 settings) until the greedy evaluation return >= -200."""
-    from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.monitor import Monitor
-
-    solved = [False]
-
-    class Stop(BaseCallback):
-        def _on_step(self) -> bool:
-            if time.perf_counter() - started > budget:
-                return False
-            if self.num_timesteps % 1000:
-                return True
-            env = Monitor(gym.make("Pendulum-v1"))
-            score, _ = evaluate_policy(self.model, env, n_eval_episodes=5)
-            solved[0] = bool(score >= -200)
-            return not solved[0]
-
-    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, seed=0, device="cpu")
-    started = time.perf_counter()
-    model.learn(total_timesteps=20_000, callback=Stop())
-    seconds = time.perf_counter() - started
-    return (seconds if solved[0] else None), model.num_timesteps
+        tail = (root / f"train-{name}.log").read_text().splitlines()[-5:]
+        print(f"{name} trainer (exit {trainer.returncode}) ended with:", *tail, sep="\n  ")
+        records = [m for m in _metrics(run_dir) if m.get(run.key) is not None]
+        return Run(None, int(records[-1].get("env_steps", 0)) if records else 0)
+    return Run(float(reached["seconds"]), int(reached.get("env_steps", 0)))
 
 
 def _seconds(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.1f} s"
 
 
-def _ratio(name: str, ours: float | None, theirs: float | None, budget: float) -> float | None:
-    """Wall-time ratio; None (and why) when either side missed the bar within the budget."""
+def _median(values: list[float | None]) -> float | None:
+    """The median, a miss (None) counting as slower than every time; None if it is a miss."""
+    ordered = sorted(values, key=lambda v: float("inf") if v is None else v)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    low, high = ordered[middle - 1], ordered[middle]
+    return None if low is None or high is None else (low + high) / 2
+
+
+def _worst(values: list[float | None]) -> float | None:
+    return None if None in values or not values else max(v for v in values if v is not None)
+
+
+def _side(name: str, runs: list[Run]) -> None:
+    """One side's median and spread of seconds, env steps and steps a second."""
+
+    def spread(values: list[float | None], unit: str) -> str:
+        known = [v for v in values if v is not None]
+        if not known:
+            return "none"
+        missed = f", {len(values) - len(known)} missed" if len(known) < len(values) else ""
+        middle = _median(values)
+        median = "missed" if middle is None else f"{middle:,.0f}{unit}"
+        return f"median {median} ({min(known):,.0f}-{max(known):,.0f}{missed})"
+
+    print(f"  {name}: seconds {spread([r.seconds for r in runs], ' s')}; "
+          f"env steps {spread([r.env_steps if r.seconds else None for r in runs], '')}; "
+          f"steps/s {spread([r.steps_per_s for r in runs], '')}", flush=True)  # fmt: skip
+
+
+def _ratio(name: str, ours: float | None, theirs: float | None) -> float | None:
+    """Wall-time ratio; None (and why) when either side's figure is a miss."""
     if ours is None or theirs is None:
         missed = " and ".join(w for w, s in (("rlpipe", ours), ("SB3", theirs)) if s is None)
-        print(f"{name}: null, {missed} did not reach the bar within {budget:.0f} s")
+        print(f"{name}: null, {missed} did not reach the bar within the budget")
         return None
     return ours / theirs
 
@@ -337,26 +317,40 @@ def _online_figures(only: set[str], root: Path, args: argparse.Namespace) -> dic
     for run in runs:
         if run.algorithm not in only:
             continue
-        reached, records = online(run, root, args.budget)
-        theirs, their_steps = (sb3_ppo if run.algorithm == "ppo" else sb3_sac)(args.budget)
-        ours = None if reached is None else float(reached["seconds"])
-        launch = None if reached is None else float(reached["launch_seconds"])
-        best = max((m[run.key] for m in records), default=None)
-        steps = (reached or (records[-1] if records else {})).get("env_steps", 0)
-        print(
-            f"{run.algorithm.upper()} {run.env_id}: rlpipe {_seconds(ours)} on the trainer's "
-            f"clock ({_seconds(launch)} from launching it; "
-            f"{steps} steps read by the trainer, {run.clients} client(s), best "
-            f"{'none' if best is None else f'{best:.0f}'}); "
-            f"SB3 {_seconds(theirs)} ({their_steps} steps)",
-            flush=True,
-        )  # fmt: skip
+        seeds = args.seeds or (5 if run.algorithm == "ppo" else 3)
+        ours, theirs = _interleaved(run, root, args.budget, seeds)
+        print(f"{run.algorithm.upper()} {run.env_id}, {seeds} seed(s) a side:", flush=True)
+        _side(f"rlpipe ({run.clients} client(s), trainer's clock)", ours)
+        _side("SB3 (in-process)", theirs)
         name = f"{run.algorithm}_wall_vs_sb3"
-        figures[name] = _ratio(name, ours, theirs, args.budget)
+        baseline = _median([r.seconds for r in theirs])
+        figures[name] = _ratio(name, _median([r.seconds for r in ours]), baseline)
+        if run.algorithm == "ppo":
+            worst = _worst([r.seconds for r in ours])
+            figures[f"{name}_worst"] = _ratio(f"{name}_worst", worst, baseline)
     return figures
 
 
-def _offline_figures(only: set[str], root: Path, budget: float) -> dict[str, Any]:
+def _interleaved(run: OnlineRun, root: Path, budget: float, seeds: int) -> tuple[list[Run], ...]:
+    """Each seed once a side, the sides taking turns to go first, so that the machine's swings
+    hit both alike."""
+    baseline = baselines.sb3_ppo if run.algorithm == "ppo" else baselines.sb3_sac
+    ours: list[Run] = []
+    theirs: list[Run] = []
+    for seed in range(seeds):
+        for side in ("rlpipe", "SB3") if seed % 2 == 0 else ("SB3", "rlpipe"):
+            if side == "rlpipe":
+                ours.append(online(run, root, budget, seed))
+            else:
+                theirs.append(baseline(budget, seed))
+            last = (ours if side == "rlpipe" else theirs)[-1]
+            print(f"{run.algorithm} seed {seed} {side}: {_seconds(last.seconds)}, "
+                  f"{last.env_steps} env steps", flush=True)  # fmt: skip
+    return ours, theirs
+
+
+def _offline_figures(only: set[str], root: Path, budget: float, seeds: int) -> dict[str, Any]:
+    """Each offline trainer's evaluation return, the worst of ``seeds`` seeds."""
     figures: dict[str, Any] = {}
     for name, users in (("cartpole/cartpole-v1_large", {"bc", "marwil"}),
                         ("pendulum/pendulum-v1_enormous", {"cql"})):  # fmt: skip
@@ -366,21 +360,31 @@ def _offline_figures(only: set[str], root: Path, budget: float) -> dict[str, Any
     if only & {"bc", "marwil"} and cartpole.is_dir():
         data = rllib_dataset(cartpole, root / "rllib-cartpole", "CartPole-v1", 200)
         for algorithm in sorted(only & {"bc", "marwil"}):
-            score = offline(algorithm, data, root, min(budget, 60.0), 500.0)
-            print(f"{algorithm.upper()} on RLlib CartPole: eval return {_score(score)} "
+            scores = [offline(algorithm, data, root, min(budget, 60.0), 500.0, seed)
+                      for seed in range(seeds)]  # fmt: skip
+            print(f"{algorithm.upper()} on RLlib CartPole: eval return {_scores(scores)} "
                   "(RLlib's learning test asks 350)", flush=True)  # fmt: skip
-            figures[f"{algorithm}_rllib_cartpole_return"] = score
+            figures[f"{algorithm}_rllib_cartpole_return"] = _least(scores)
     pendulum = ANCHOR / "pendulum" / "pendulum-v1_enormous"
     if "cql" in only and pendulum.is_dir():
         # RLlib recorded Pendulum's actions normalized to [-1, 1] (actions_in_input_normalized):
         # its dynamics on obs -> new_obs show the torque applied was twice the logged value
         data = rllib_dataset(pendulum, root / "rllib-pendulum", "Pendulum-v1", 200,
                              actions_normalized=True)  # fmt: skip
-        score = offline("cql", data, root, budget, -150.0)
-        print(f"CQL on RLlib Pendulum: eval return {_score(score)} (RLlib's test asks -700)",
+        scores = [offline("cql", data, root, budget, -150.0, seed) for seed in range(seeds)]
+        print(f"CQL on RLlib Pendulum: eval return {_scores(scores)} (RLlib's test asks -700)",
               flush=True)  # fmt: skip
-        figures["cql_rllib_pendulum_return"] = score
+        figures["cql_rllib_pendulum_return"] = _least(scores)
     return figures
+
+
+def _least(scores: list[float | None]) -> float | None:
+    return None if None in scores or not scores else min(s for s in scores if s is not None)
+
+
+def _scores(scores: list[float | None]) -> str:
+    shown = ", ".join("none" if s is None else f"{s:.1f}" for s in scores)
+    return f"worst {_score(_least(scores))} of {len(scores)} seed(s) ({shown})"
 
 
 def _score(value: float | None) -> str:
@@ -393,6 +397,9 @@ def main() -> None:
     )
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--only", default="ppo,sac,bc,marwil,cql")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="seeds a side (default: PPO 5, SAC 3, offline 3)"
+    )
     parser.add_argument("--ppo-clients", type=int, default=2, help="CartPole client processes")
     parser.add_argument(
         "--ppo-client-rate",
@@ -421,7 +428,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         figures = _online_figures(only, root, args)
-        figures.update(_offline_figures(only, root, args.budget))
+        figures.update(_offline_figures(only, root, args.budget, args.seeds or 3))
     rounded = {k: None if v is None else round(v, 4) for k, v in figures.items()}
     print(json.dumps(rounded, allow_nan=False))
 

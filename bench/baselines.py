@@ -1,0 +1,90 @@
+"""The learning benchmark's baselines: Stable-Baselines3's PPO and SAC, in-process, with RL-Zoo's
+settings, each until it reaches the bar rlpipe's trainer is held to. Each returns a
+:class:`Run`: seconds to the bar (None if not within the budget) and env steps taken."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Run:
+    """One seed's run of either side: seconds to the bar on its own clock (None: not reached
+    within the budget) and the env steps it had taken by then."""
+
+    seconds: float | None
+    env_steps: int
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return None if not self.seconds else self.env_steps / self.seconds
+
+
+def sb3_ppo(budget: float, seed: int) -> Run:
+    """SB3 PPO with RL-Zoo's CartPole-v1 hyperparameters, until 20-episode mean return >= 475."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    class Stop(BaseCallback):
+        def _on_step(self) -> bool:
+            buffer = self.model.ep_info_buffer
+            recent = [info["r"] for info in list(buffer)[-20:]]
+            solved[0] = len(recent) == 20 and bool(np.mean(recent) >= 475)
+            return not solved[0] and time.perf_counter() - started < budget
+
+    def linear(start: float) -> Any:  # RL-Zoo's lin_ schedules: start * progress remaining
+        return lambda progress_remaining: progress_remaining * start
+
+    solved = [False]
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=linear(0.001),
+        clip_range=linear(0.2),
+        seed=seed,
+        device="cpu",
+    )  # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1 (n_timesteps 1e5)
+    started = time.perf_counter()
+    model.learn(total_timesteps=100_000, callback=Stop())
+    seconds = time.perf_counter() - started
+    return Run(seconds if solved[0] else None, model.num_timesteps)
+
+
+def sb3_sac(budget: float, seed: int) -> Run:
+    """SB3 SAC (RL-Zoo's Pendulum-v1 settings) until the greedy evaluation return >= -200."""
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+
+    solved = [False]
+
+    class Stop(BaseCallback):
+        def _on_step(self) -> bool:
+            if time.perf_counter() - started > budget:
+                return False
+            if self.num_timesteps % 1000:
+                return True
+            env = Monitor(gym.make("Pendulum-v1"))
+            score, _ = evaluate_policy(self.model, env, n_eval_episodes=5)
+            solved[0] = bool(score >= -200)
+            return not solved[0]
+
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, seed=seed, device="cpu")
+    started = time.perf_counter()
+    model.learn(total_timesteps=20_000, callback=Stop())
+    seconds = time.perf_counter() - started
+    return Run(seconds if solved[0] else None, model.num_timesteps)
