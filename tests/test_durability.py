@@ -3,6 +3,7 @@ partial file."""
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
 import signal
@@ -11,10 +12,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import cartpole_rollout
 
 from pipeline import InputReader, recover
 from pipeline.dataset import wal
@@ -157,3 +160,61 @@ def test_a_writer_that_died_claiming_its_log_leaves_nothing_behind(tmp_path: Pat
         assert live.exists()
     finally:
         os.close(held)
+
+
+# Fault injection, as SQLite and PostgreSQL test it: this machine has no disk that fails an fsync
+# on demand, so os.fsync fails here, once, with EIO, for the log segment of the second append.
+_FSYNC_FAILS_ONCE = """
+import errno, os, sys
+sys.path.insert(0, "tests")
+from conftest import cartpole_rollout, cartpole_spaces
+from pipeline import DatasetWriter, StorageError, WriterConfig
+real_fsync, failed = os.fsync, []
+def fsync(fd):
+    if ready and not failed and os.readlink(f"/proc/self/fd/{fd}").endswith(("rows", "arrows")):
+        failed.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+    real_fsync(fd)
+os.fsync, ready = fsync, False
+writer = DatasetWriter(sys.argv[1], *cartpole_spaces(), env_id="CartPole-v1",
+                       config=WriterConfig(max_age_s=600, sync="always"))
+writer.append(cartpole_rollout(30, seed=1, client_id="a"))
+ready = True
+second = cartpole_rollout(40, seed=2, client_id="b")
+try:
+    writer.append(second)
+    sys.exit("the append whose fsync failed was acknowledged")
+except StorageError as error:
+    print("refused:", error, flush=True)
+writer.append(second)  # the simulator's retry
+if sys.argv[2] == "die":
+    os._exit(0)  # acknowledged, still in the log: a dead writer's rows for the next one
+writer.close()
+"""
+
+
+@pytest.mark.parametrize("end", ["close", "die"])
+def test_an_append_whose_fsync_failed_is_stored_once_when_retried(tmp_path: Path, end: str) -> None:
+    """An fsync that fails (EIO) refuses the append it covered, and takes it back: its rows are
+    neither committed from memory (the writer closes) nor replayed from the log (the writer
+    dies and the next one recovers), so the simulator's retry stores each row once."""
+    data = tmp_path / "ds"
+    root = Path(__file__).parents[1]
+    script = [sys.executable, "-c", _FSYNC_FAILS_ONCE, str(data), end]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "Input/output error" in done.stdout, done.stdout
+    if end == "die":
+        recover(data)
+    stored = pq.read_table(data / layout.STEPS, columns=["client_id", "episode_id", "t"])
+    rows = collections.Counter(zip(*stored.to_pydict().values(), strict=True))
+    expected = collections.Counter(
+        (client, episode_id, t)
+        for client, seed, steps in (("a", 1, 30), ("b", 2, 40))
+        for episode_id, t in zip(*_ids(cartpole_rollout(steps, seed, client)), strict=True)
+    )
+    assert rows == expected, rows - expected
+
+
+def _ids(columns: dict[str, Any]) -> tuple[list[str], list[int]]:
+    return columns["episode_id"], columns["t"]

@@ -246,6 +246,13 @@ class RowSegment(Segment):
         for column, values in zip(self._columns, kept, strict=True):
             column += values
 
+    def _kept(self) -> tuple[int, ...]:
+        return tuple(map(len, self._columns))  # a list column keeps one item per append
+
+    def _drop(self, kept: tuple[int, ...]) -> None:
+        for column, length in zip(self._columns, kept or (0,) * len(self._columns), strict=True):
+            del column[length:]
+
     @property
     def batches(self) -> list[pa.RecordBatch]:
         with self._write_lock:

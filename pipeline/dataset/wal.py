@@ -13,18 +13,29 @@ and short lists (the server's steps) go to segments of JSON lines instead
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from pipeline.dataset import records
 from pipeline.format import layout
+
+
+class _Point(NamedTuple):
+    """Where a segment stood: messages and bytes written, rows kept in memory."""
+
+    written: int
+    offset: int
+    kept: tuple[int, ...]  # lengths of what the segment keeps for its shard; () nothing
+    rows: int
+    bytes: int
 
 
 class Segment:
@@ -46,8 +57,11 @@ class Segment:
         self._write_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self.written = 0  # messages written: sync(written) makes all of them durable
-        self.broken = False  # a write failed part way: this file takes no more messages
+        self.broken = False  # a write or sync failed: this file takes no more messages
+        self.sync_failure: OSError | None = None  # once an fsync fails, none is trusted after
         self._synced = 0  # messages known durable
+        self._offset = 0  # bytes written to the file
+        self._durable = _Point(0, 0, (), 0, 0)  # where the file stood at the last good fsync
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         try:
             self.write_message(schema.serialize() if header is None else header)
@@ -75,17 +89,57 @@ class Segment:
         """Everything written, for the shard: kept in memory, so a commit reads no log."""
         return self._batches
 
-    def sync(self, upto: int) -> None:
-        """Return once message ``upto`` is durable, sharing an fsync with other threads."""
+    def sync(self, upto: int, undo: bool = False) -> None:
+        """Return once message ``upto`` is durable, sharing an fsync with other threads.
+
+        A failed fsync raises here and in every later call: Linux reports a lost write-back
+        once and then marks the pages clean, so a second fsync's success proves nothing
+        (PostgreSQL's "fsyncgate"). The segment takes no more messages. With ``undo`` (the
+        caller refuses every append the failed fsync covered), those appends are taken back:
+        the file is cut to its last durable byte and their rows are dropped, so that a retried
+        append is stored once.
+        """
         with self._sync_lock:
+            if self.sync_failure is not None:
+                raise OSError(self.sync_failure.errno, f"{self.path}: an fsync failed before")
             if self._synced >= upto:
                 return  # another thread's fsync covered these bytes
             with self._write_lock:
-                target = self.written
+                point = self._point()
                 if self._fd < 0:
                     return  # closed, and close() synced everything
-            os.fsync(self._fd)
-            self._synced = target
+            try:
+                os.fsync(self._fd)
+            except OSError as error:
+                self.sync_failure, self.broken = error, True
+                if undo:
+                    self._take_back()
+                raise
+            self._synced, self._durable = point.written, point
+
+    def _point(self) -> _Point:
+        return _Point(self.written, self._offset, self._kept(), self.rows, self.bytes)
+
+    def _take_back(self) -> None:
+        """Forget every message after the last durable one: cut the file there (best effort:
+        the disk is failing), and drop their rows from memory."""
+        with self._write_lock:
+            point = self._durable
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, point.offset)
+            self.written, self._offset, self.rows, self.bytes = (
+                point.written,
+                point.offset,
+                point.rows,
+                point.bytes,
+            )
+            self._drop(point.kept)
+
+    def _kept(self) -> tuple[int, ...]:
+        return (len(self._batches),)
+
+    def _drop(self, kept: tuple[int, ...]) -> None:
+        del self._batches[sum(kept) :]
 
     def close(self) -> None:
         """Make everything written durable and close; later ``sync`` calls return at once."""
@@ -110,6 +164,7 @@ class Segment:
                 while view:
                     written = os.write(self._fd, view)
                     view = view[written:]
+                    self._offset += written
         except BaseException:
             self.broken = True
             raise

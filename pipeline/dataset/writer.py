@@ -351,7 +351,7 @@ class DatasetWriter:
                 if segment.rows >= self.config.max_rows or segment.bytes >= self.config.max_bytes:
                     rolled = rolled or (table.detach(), date)
             if self.config.sync == "always":
-                segment.sync(mine)
+                segment.sync(mine, undo=True)  # refused: what it covered is taken back
         except OSError as error:  # the disk refused: nothing of this append is acknowledged
             raise self.disk.refused(storage.APPENDS, error, self._wal_dir) from error
         finally:
@@ -366,7 +366,8 @@ class DatasetWriter:
         with table.lock:
             if table.segment is None:
                 return
-            if max_age is not None and time.monotonic() - table.opened < max_age:
+            young = max_age is not None and time.monotonic() - table.opened < max_age
+            if young and not table.segment.broken:
                 return
             segment, date = table.detach(), table.date
         if segment is not None:
@@ -425,8 +426,8 @@ class DatasetWriter:
             for table in self._tables.values():
                 try:
                     segment = table.segment
-                    if background and segment is not None:
-                        segment.sync(segment.written)
+                    if background and segment is not None and not segment.broken:
+                        segment.sync(segment.written)  # a failure breaks it: rolled next tick
                     if not self._pending.full():  # shards refused by a full disk wait in line
                         self._roll(table, self.config.max_age_s)
                 except OSError as error:
