@@ -1,8 +1,8 @@
-"""Table, Minari and D4RL importers, on files built here from each format's documented layout."""
+"""Table and D4RL importers, on files built here from each format's documented layout (Minari:
+tests/test_importers_minari.py, on datasets Minari itself writes)."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -17,7 +17,6 @@ from conftest import play
 
 from pipeline import InputReader, read_manifest
 from pipeline.commands.cli import main
-from pipeline.commands.replay import replay_episode
 from pipeline.errors import DatasetError
 from pipeline.importers.table import import_dataframe
 
@@ -117,47 +116,6 @@ def test_table_without_required_columns_is_refused(tmp_path: Path) -> None:
         )
 
 
-def write_minari(root: Path, episodes: list[dict[str, Any]], env_id: str = "CartPole-v1") -> Path:
-    """Minari's layout: DATASET/data/main_data.hdf5, one episode_<id> group per episode, with
-    observations (steps + 1 rows), actions, rewards, terminations, truncations; metadata.json."""
-    (root / "data").mkdir(parents=True)
-    with h5py.File(root / "data" / "main_data.hdf5", "w") as handle:
-        for index, episode in enumerate(episodes):
-            group = handle.create_group(f"episode_{index}")
-            group.attrs["id"] = index
-            group.attrs["seed"] = index  # rollouts() resets episode i with seed i
-            group.attrs["total_steps"] = len(episode["act"])
-            group.create_dataset("observations", data=episode["obs"])
-            group.create_dataset("actions", data=episode["act"])
-            group.create_dataset("rewards", data=episode["rew"])
-            group.create_dataset("terminations", data=episode["term"])
-            group.create_dataset("truncations", data=episode["trunc"])
-            group.create_group("infos")
-    spec = {"id": env_id, "entry_point": "gymnasium.envs.classic_control:CartPoleEnv"}
-    metadata = {"dataset_id": "cartpole/random-v0", "env_spec": json.dumps(spec)}
-    (root / "metadata.json").write_text(json.dumps(metadata))
-    return root
-
-
-def test_minari_dataset(tmp_path: Path) -> None:
-    episodes = rollouts()
-    src = write_minari(tmp_path / "cartpole-random-v0", episodes)
-    assert main(["import", "minari", str(src), str(tmp_path / "ds")]) == 0
-    check(tmp_path / "ds", episodes, "CartPole-v1")  # env id from the dataset's env_spec
-    for episode_id in ("0", "1", "2"):  # the seeds came along, so the episodes replay exactly
-        result = replay_episode(tmp_path / "ds", episode_id)
-        assert result.exact, result.describe()
-
-
-def test_minari_dataset_of_an_env_not_installed_here(tmp_path: Path) -> None:
-    src = write_minari(tmp_path / "m", rollouts(2), env_id="SomeRobot-v3")
-    assert main(["import", "minari", str(src), str(tmp_path / "ds")]) == 0
-    manifest = read_manifest(tmp_path / "ds")
-    assert manifest.env_id == "SomeRobot-v3"  # kept for the record; spaces from the data
-    assert manifest.observation_space == gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-    assert manifest.action_space == gym.spaces.Discrete(2)
-
-
 def test_an_empty_table_is_refused(tmp_path: Path) -> None:
     empty = pd.DataFrame(
         {
@@ -170,16 +128,6 @@ def test_an_empty_table_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(DatasetError, match="the source holds no steps; nothing to import"):
         import_dataframe(empty, tmp_path / "ds")
-
-
-def test_minari_observations_must_have_one_more_row(tmp_path: Path) -> None:
-    episodes = rollouts(1)
-    episodes[0]["obs"] = episodes[0]["obs"][:-1]
-    src = write_minari(tmp_path / "m", episodes)
-    with pytest.raises(DatasetError, match=r"episode_0: observations: expected \d+ rows \(one"):
-        from pipeline.importers.minari import read_minari
-
-        read_minari(src)
 
 
 def test_d4rl_hdf5(tmp_path: Path) -> None:

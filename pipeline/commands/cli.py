@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "server.command",
     "pipeline.trainers.command",
     "pipeline.importers.command",
+    "pipeline.exporters.command",
     "pipeline.commands.inspection",
     "pipeline.commands.replay",
     "pipeline.commands.compaction",

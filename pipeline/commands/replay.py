@@ -275,7 +275,8 @@ def _reset_args(
         return None, None
     last = rows.sort_by("logged_at").slice(rows.num_rows - 1).to_pylist()[0]
     options = last["reset_options"]
-    return last["seed"], json.loads(options) if isinstance(options, str) else None
+    seed = schema.seed_from_storage(last["seed"])  # seeds past 2**63 - 1 are stored negative
+    return seed, json.loads(options) if isinstance(options, str) else None
 
 
 def _execute(

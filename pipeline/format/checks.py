@@ -63,4 +63,5 @@ def episode_values_fit(columns: Mapping[str, Any]) -> bool:
         and all(columns["episode_id"])
         and min(columns["length"]) >= 0
         and all(reason in END_REASONS for reason in columns["end_reason"])
+        and all(seed is None or seed >= 0 for seed in columns["seed"])  # < 2**63: encoder-checked
     )

@@ -205,6 +205,12 @@ def _build(
 
 
 def _length(values: Any) -> int:
+    """Rows of a column: a list, an array, or a batch of a Dict or Tuple space (a dict or
+    tuple of arrays, whose rows are those of its first entry)."""
+    if isinstance(values, Mapping) and values:
+        return _length(next(iter(values.values())))
+    if isinstance(values, tuple) and values:
+        return _length(values[0])
     return len(values) if not isinstance(values, np.ndarray) else int(values.shape[0])
 
 
@@ -327,6 +333,51 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+SEED_END = 2**64  # gymnasium seeds are ints >= 0; Minari draws them from the whole 64 bits
+
+
+def seed_to_storage(seed: int) -> int:
+    """The int64 the ``seed`` column stores for a seed in [0, 2**64): itself below 2**63, else
+    the int64 of the same 64 bits (``seed - 2**64``, negative), as uint64 columns are stored."""
+    return seed - SEED_END if seed >= SEED_END // 2 else seed
+
+
+def seed_from_storage(value: int | None) -> int | None:
+    """The seed a ``seed`` column value stands for: negative values are seeds past 2**63 - 1."""
+    return None if value is None else value + SEED_END if value < 0 else value
+
+
+def _convert_seed(field: pa.Field, values: Any) -> pa.Array:
+    """Seeds as Python ints in [0, 2**64), never through float64 (which rounds past 2**53).
+
+    An Arrow int64 column is the column's own type, so its values are taken as stored (a batch
+    that :func:`episodes_from_columns` built is appended as it is); any other Arrow type, numpy
+    arrays and lists hold seeds.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array) and pa.types.is_int64(values.type):
+        return values
+    if isinstance(values, pa.Array):
+        values = values.to_pylist()
+    elif isinstance(values, np.ndarray):
+        values = values.tolist()
+    expected = "an integer seed in [0, 2**64) or null"
+    stored: list[int | None] = []
+    for row, value in enumerate(values):
+        if isinstance(value, np.integer):
+            value = int(value)
+        if value is None:
+            stored.append(None)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise SchemaError.single(field.name, expected, repr(value), row)
+        elif not 0 <= value < SEED_END:
+            raise SchemaError.single(field.name, expected, str(value), row)
+        else:
+            stored.append(seed_to_storage(value))
+    return pa.array(stored, type=pa.int64())
+
+
 def _convert_id(field: pa.Field, values: Any) -> pa.Array:
     array = _convert_generic(field, values)
     if field.name == "episode_id":
@@ -363,4 +414,5 @@ _CONVERTERS: dict[str, Callable[[pa.Field, Any], pa.Array]] = {
     "agent_id": _convert_id,
     "t": _convert_t,
     "length": _convert_t,
+    "seed": _convert_seed,
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import ConfigError, DatasetError
@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
         print(convert(args.src[0], args.dir, options).describe())
         return 0
+    if args.format == "minari":
+        return _run_minari(args, destination)
     steps, env_hint = _readers()[args.format](args.src[0])
     env_id = args.env_id or env_hint
     observation_space = action_space = None
@@ -101,15 +103,39 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_minari(args: argparse.Namespace, destination: Any) -> int:
+    """Minari's metadata gives the env id, spaces and time limit; ``--env`` and
+    ``--max-episode-steps`` override them."""
+    from pipeline.importers.minari import read_minari
+    from pipeline.importers.transitions import infer_spaces, write_dataset
+
+    source = read_minari(args.src[0])
+    observation_space = action_space = None
+    if args.env_id is None:  # an env the dataset names may not be installed here: keep its id
+        observation_space, action_space = source.observation_space, source.action_space
+        if observation_space is None or action_space is None:
+            observation_space, action_space = infer_spaces(source.steps)
+    summary = write_dataset(
+        source.steps,
+        destination,
+        env_id=args.env_id or source.env_id,
+        max_episode_steps=args.max_episode_steps or source.max_episode_steps,
+        observation_space=observation_space,
+        action_space=action_space,
+        actions_normalized=args.actions_normalized,
+    )
+    print(summary.describe())
+    return 0
+
+
 def _readers() -> dict[str, Callable[[str], tuple[SourceSteps, str | None]]]:
     """FORMAT -> reader returning the steps and the env id the source names (if any)."""
-    from pipeline.importers import d4rl, minari, rllib, table
+    from pipeline.importers import d4rl, rllib, table
 
     return {
         "rllib-json": lambda src: (rllib.read_sample_batches(src), None),
         "rllib-jsonl": lambda src: (rllib.read_ray_data(src, "json"), None),
         "rllib-parquet": lambda src: (rllib.read_ray_data(src, "parquet"), None),
-        "minari": minari.read_minari,
         "d4rl": lambda src: (d4rl.read_d4rl(src), None),
         "table": lambda src: (table.read_table(src), None),
     }

@@ -1,103 +1,286 @@
-"""Minari datasets: ``DATASET/data/main_data.hdf5`` with one group per episode.
+"""Minari datasets (``rlpipe import minari``): all three storage backends, as Minari wrote them.
 
-Following Minari's dataset standards, a group ``episode_<id>`` holds ``observations`` (one more
-row than steps: the reset observation and every next one), ``actions``, ``rewards``,
-``terminations`` and ``truncations``, and its ``seed`` attribute the seed of the episode's reset
-(kept, so ``rlpipe replay`` can re-run it). The env id comes from the dataset's ``env_spec`` (in
-``metadata.json`` beside ``data/``, or in the HDF5 file's attributes in older Minari releases).
-Observations and actions must be arrays: Dict and Tuple spaces (nested groups) are refused.
+Minari 0.5 writes ``DATASET/data/metadata.json``: ``data_format`` (``hdf5``, ``arrow`` or
+``parquet``), the ``observation_space`` and ``action_space`` (Minari's own JSON,
+``minari/serialization.py``), ``env_spec`` (gymnasium's ``EnvSpec.to_json``: the env id and its
+``max_episode_steps``) and ``jpeg_encoding``. Minari 0.4 kept the same keys in the HDF5 file's
+attributes or in ``metadata.json`` beside ``data/``; both are read when ``data/metadata.json`` is
+absent. The episodes are read by :mod:`pipeline.importers.minari_files`.
+
+What comes across, exactly: every step (observation, action, reward, next observation,
+terminated, truncated), Box, Discrete, MultiDiscrete, MultiBinary spaces and Dict and Tuple ones
+nested to any depth, each episode's reset ``seed`` (any integer up to 2**64 - 1) and ``options``,
+and each step's ``info`` (the info ``step`` returned; the reset's info has no row to go in). What is
+refused, naming the reason: Text spaces (rlpipe stores none), a ``data_format`` other than the
+three, episodes whose arrays disagree in length. Minari is not needed to read the files: HDF5 takes
+h5py, the others pyarrow.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
-from pipeline.errors import DatasetError
-from pipeline.importers.d4rl import open_hdf5
+from pipeline.errors import DatasetError, SpaceError
+from pipeline.format.spaces import space_from_json
+from pipeline.importers.minari_files import (
+    HDF5_FILE,
+    MinariEpisode,
+    Spaces,
+    arrow_episodes,
+    hdf5_episodes,
+    plain,
+)
 from pipeline.importers.transitions import SourceSteps
 
-DATA_FILE = "main_data.hdf5"
-EPISODE_PREFIX = "episode_"
+FORMATS = ("hdf5", "arrow", "parquet")
 
 
-def read_minari(src: str | Path) -> tuple[SourceSteps, str | None]:
-    """The steps of a Minari dataset directory (or its HDF5 file) and the env id it names."""
-    data_file = _data_file(Path(src))
-    columns: dict[str, list[np.ndarray]] = {}
-    with open_hdf5(data_file) as handle:
-        for name in _episode_names(handle, data_file):
-            for key, values in _episode(handle[name], f"{data_file}:{name}").items():
-                columns.setdefault(key, []).append(values)
-        env_id = _env_id(data_file, dict(handle.attrs))
-    if not columns:
-        raise DatasetError(f"{data_file}: no {EPISODE_PREFIX}<id> groups")
-    steps = SourceSteps(**{key: np.concatenate(parts) for key, parts in columns.items()})
-    return steps, env_id
+@dataclass(frozen=True)
+class MinariSource:
+    """A Minari dataset as rlpipe imports it: the steps and what its metadata says."""
+
+    steps: SourceSteps
+    env_id: str | None
+    max_episode_steps: int | None
+    observation_space: gym.Space[Any] | None  # None: neither the metadata nor the env says
+    action_space: gym.Space[Any] | None
 
 
-def _data_file(src: Path) -> Path:
-    for candidate in (src, src / "data" / DATA_FILE, src / DATA_FILE):
-        if candidate.is_file():
-            return candidate
-    raise DatasetError(f"{src}: no Minari dataset here (looked for data/{DATA_FILE})")
+def read_minari(src: str | Path) -> MinariSource:
+    """The steps of a Minari dataset directory (its ``data/`` directory, or an HDF5 file).
+
+    Raises:
+        DatasetError: naming what is missing or not readable, and why.
+    """
+    data_dir, metadata = _locate(Path(src))
+    data_format = metadata.get("data_format", "hdf5")
+    if data_format not in FORMATS:
+        raise DatasetError(
+            f"{data_dir}: data_format {data_format!r}: rlpipe reads Minari's {list(FORMATS)}"
+        )
+    observation_space = _space(metadata, "observation_space", data_dir)
+    action_space = _space(metadata, "action_space", data_dir)
+    spec = _env_spec(metadata)
+    env_id = spec.get("id")
+    limit = spec.get("max_episode_steps")
+    if observation_space is None or action_space is None:
+        observation_space, action_space = _spaces_of_env(env_id, observation_space, action_space)
+    spaces = Spaces(observation_space, action_space, bool(metadata.get("jpeg_encoding", True)))
+    if data_format == "hdf5":
+        episodes: Iterator[MinariEpisode] = hdf5_episodes(data_dir, spaces)
+    else:
+        episodes = arrow_episodes(data_dir, spaces, data_format)
+    return MinariSource(
+        steps=_steps(episodes),
+        env_id=str(env_id) if env_id else None,
+        max_episode_steps=int(limit) if isinstance(limit, int) else None,
+        observation_space=observation_space,
+        action_space=action_space,
+    )
 
 
-def _episode_names(handle: Any, where: Path) -> list[str]:
-    names = [name for name in handle if name.startswith(EPISODE_PREFIX)]
+def _locate(src: Path) -> tuple[Path, dict[str, Any]]:
+    """The directory (or HDF5 file) that holds the episodes, and the dataset's metadata."""
+    if src.is_file():  # an HDF5 file named directly
+        beside = _json(src.parent / "metadata.json") or _json(src.parent.parent / "metadata.json")
+        return src, _hdf5_attrs(src) | beside
+    data_dir = src / "data" if (src / "data").is_dir() else src
+    metadata = _json(data_dir / "metadata.json") or _json(src / "metadata.json")
+    if (data_dir / HDF5_FILE).is_file():  # Minari before 0.5 kept metadata in its attributes
+        return data_dir, _hdf5_attrs(data_dir / HDF5_FILE) | metadata
+    if not metadata:
+        raise DatasetError(
+            f"{src}: no Minari dataset here (looked for data/metadata.json, as Minari 0.5 "
+            f"writes it, and data/{HDF5_FILE})"
+        )
+    return data_dir, metadata
+
+
+def _json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
     try:
-        return sorted(names, key=lambda name: int(name[len(EPISODE_PREFIX) :]))
-    except ValueError:
-        raise DatasetError(f"{where}: episode groups must be named episode_<integer>") from None
+        loaded = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise DatasetError(f"{path}: not JSON ({error})") from None
+    return loaded if isinstance(loaded, dict) else {}
 
 
-def _episode(group: Any, where: str) -> dict[str, np.ndarray]:
-    names = ("observations", "actions", "rewards", "terminations", "truncations")
-    missing = [name for name in names if name not in group]
-    if missing:
-        raise DatasetError(f"{where}: missing {missing}; found {sorted(group.keys())}")
-    nested = [name for name in ("observations", "actions") if not hasattr(group[name], "shape")]
-    if nested:
-        raise DatasetError(
-            f"{where}: {nested} are nested groups (Dict or Tuple spaces), which this importer "
-            "does not read; only array observations and actions"
-        )
-    observations = np.asarray(group["observations"])
-    rewards = np.asarray(group["rewards"]).reshape(-1)
-    n = len(rewards)
-    if len(observations) != n + 1:
-        raise DatasetError(
-            f"{where}: observations: expected {n + 1} rows (one more than the {n} steps), "
-            f"got {len(observations)}"
-        )
-    seed = group.attrs.get("seed")
-    return {
-        "episode_keys": np.full(n, int(group.attrs.get("id", where.rsplit("_", 1)[-1]))),
-        "seeds": np.full(n, int(seed) if isinstance(seed, int | np.integer) else -1),
-        "observations": observations[:-1],
-        "next_observations": observations[1:],
-        "actions": np.asarray(group["actions"]),
-        "rewards": rewards,
-        "terminateds": np.asarray(group["terminations"]).astype(bool).reshape(-1),
-        "truncateds": np.asarray(group["truncations"]).astype(bool).reshape(-1),
-    }
+def _hdf5_attrs(path: Path) -> dict[str, Any]:
+    from pipeline.importers.d4rl import open_hdf5
+
+    with open_hdf5(path) as handle:
+        return {key: plain(value) for key, value in handle.attrs.items()}
 
 
-def _env_id(data_file: Path, attrs: dict[str, Any]) -> str | None:
-    metadata_file = data_file.parent.parent / "metadata.json"
-    metadata = dict(attrs)
-    if metadata_file.is_file():
-        metadata.update(json.loads(metadata_file.read_text()))
+def _env_spec(metadata: dict[str, Any]) -> dict[str, Any]:
     spec = metadata.get("env_spec")
-    if isinstance(spec, bytes):
-        spec = spec.decode()
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
         except json.JSONDecodeError:
-            return None
-    env_id = spec.get("id") if isinstance(spec, dict) else None
-    return str(env_id) if env_id else None
+            return {}
+    return spec if isinstance(spec, dict) else {}
+
+
+def _space(metadata: dict[str, Any], key: str, where: Path) -> gym.Space[Any] | None:
+    """A space from Minari's serialization (``subspaces`` for Dict and Tuple, bounds as
+    floats with ``Infinity``), read through rlpipe's own space documents."""
+    text = metadata.get(key)
+    if text is None:
+        return None
+    try:
+        doc = json.loads(text) if isinstance(text, str) else text
+        return space_from_json(_as_rlpipe_doc(doc, f"{key}"))
+    except (json.JSONDecodeError, SpaceError) as error:
+        raise DatasetError(f"{where}: metadata {key}: {error}") from None
+
+
+def _as_rlpipe_doc(doc: Any, where: str) -> Any:
+    if not isinstance(doc, dict):
+        return doc
+    kind = doc.get("type")
+    if kind == "Text":
+        raise SpaceError(f"{where} is a Text space, which rlpipe datasets cannot store")
+    if kind in ("Dict", "Tuple") and "subspaces" in doc:
+        subs = doc["subspaces"]
+        if isinstance(subs, dict):
+            spaces: Any = {k: _as_rlpipe_doc(v, f"{where}.{k}") for k, v in subs.items()}
+        else:
+            spaces = [_as_rlpipe_doc(v, f"{where}.{i}") for i, v in enumerate(subs)]
+        return {"type": kind, "spaces": spaces}
+    if kind == "Box":
+        return {
+            **doc,
+            "low": _finite_or_text(doc.get("low")),
+            "high": _finite_or_text(doc.get("high")),
+        }
+    return doc
+
+
+def _finite_or_text(bound: Any) -> Any:
+    """Minari writes infinite bounds as JSON's nonstandard ``Infinity``; rlpipe as ``"inf"``."""
+    if isinstance(bound, list):
+        return [_finite_or_text(b) for b in bound]
+    if isinstance(bound, float) and math.isinf(bound):
+        return "inf" if bound > 0 else "-inf"
+    return bound
+
+
+def _spaces_of_env(
+    env_id: Any, observation: gym.Space[Any] | None, action: gym.Space[Any] | None
+) -> tuple[gym.Space[Any] | None, gym.Space[Any] | None]:
+    if not env_id:
+        return observation, action
+    try:
+        env = gym.make(str(env_id))
+    except (gym.error.Error, ImportError):
+        return observation, action
+    try:
+        return observation or env.observation_space, action or env.action_space
+    finally:
+        env.close()
+
+
+def _steps(episodes: Iterator[MinariEpisode]) -> SourceSteps:
+    """Every episode's steps, back to back, with its seed, options and infos on each row."""
+    parts: dict[str, list[Any]] = {}
+    for episode in episodes:
+        for key, value in _episode_columns(episode).items():
+            parts.setdefault(key, []).append(value)
+    if not parts:
+        raise DatasetError("the Minari dataset holds no episodes")
+    columns = {key: _concat(values) for key, values in parts.items()}
+    for key in ("infos", "reset_options", "seeds"):
+        if all(value is None for value in columns[key]):
+            columns[key] = None
+    return SourceSteps(**columns)
+
+
+def _episode_columns(episode: MinariEpisode) -> dict[str, Any]:
+    n = len(episode.rewards)
+    where = f"episode {episode.id}"
+    lengths = {
+        "observations": _rows(episode.observations) - 1,
+        "actions": _rows(episode.actions),
+        "terminations": len(episode.terminations),
+        "truncations": len(episode.truncations),
+    }
+    wrong = {name: count for name, count in lengths.items() if count != n}
+    if wrong:
+        raise DatasetError(
+            f"{where}: {n} rewards, but {wrong} (observations and infos hold one row more than "
+            "the steps: the reset's)"
+        )
+    return {
+        "episode_keys": np.full(n, episode.id),
+        "seeds": _constant(episode.seed, n),
+        "reset_options": _constant(episode.options, n),
+        "infos": _step_infos(episode.infos, n, where),
+        "observations": _take(episode.observations, slice(0, n)),
+        "next_observations": _take(episode.observations, slice(1, n + 1)),
+        "actions": episode.actions,
+        "rewards": np.asarray(episode.rewards, dtype=np.float64),
+        "terminateds": episode.terminations,
+        "truncateds": episode.truncations,
+    }
+
+
+def _constant(value: Any, n: int) -> np.ndarray:
+    """``value`` on every row, as Python objects: a seed past int64 stays an exact int."""
+    column = np.empty(n, dtype=object)
+    column[:] = [value] * n
+    return column
+
+
+def _step_infos(infos: dict[str, Any] | None, n: int, where: str) -> np.ndarray:
+    """Row ``t`` gets the info that ``step`` returned (Minari's row ``t + 1``)."""
+    if not infos:
+        return _constant(None, n)
+    rows = _rows(infos)
+    if rows != n + 1:
+        raise DatasetError(f"{where}: infos hold {rows} rows; expected {n + 1} (steps + reset)")
+    column = np.empty(n, dtype=object)
+    column[:] = [plain(_row(infos, t)) for t in range(1, n + 1)]
+    return column
+
+
+def _rows(value: Any) -> int:
+    if isinstance(value, dict):
+        return _rows(next(iter(value.values()))) if value else 0
+    if isinstance(value, tuple):
+        return _rows(value[0])
+    return len(value)
+
+
+def _row(value: Any, t: int) -> Any:
+    if isinstance(value, dict):
+        return {key: _row(item, t) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_row(item, t) for item in value)
+    return value[t]
+
+
+def _take(value: Any, rows: slice) -> Any:
+    if isinstance(value, dict):
+        return {key: _take(item, rows) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_take(item, rows) for item in value)
+    return np.asarray(value)[rows]
+
+
+def _concat(parts: list[Any]) -> Any:
+    first = parts[0]
+    if isinstance(first, dict):
+        return {key: _concat([part[key] for part in parts]) for key in first}
+    if isinstance(first, tuple):
+        return tuple(_concat([part[i] for part in parts]) for i in range(len(first)))
+    return np.concatenate(parts)

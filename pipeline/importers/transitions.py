@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from pipeline.dataset.batch import length
 from pipeline.dataset.location import Location, locate
 from pipeline.dataset.writer import DatasetWriter
 from pipeline.errors import ConfigError, DatasetError, RlpipeWarning
@@ -39,8 +40,12 @@ class SourceSteps:
 
     ``dones`` is read only when ``terminateds`` and ``truncateds`` are both absent; ``ts`` (the
     source's own step index) makes the time-limit check right for episodes recorded from mid-way.
-    ``seeds`` (per row, -1 for none) are the seeds episodes were reset with, which lets
-    ``rlpipe replay`` re-run them; the episode's first row gives its seed.
+    ``seeds`` (per row; None, or -1 in an integer array, for none) are the seeds episodes were
+    reset with, which lets ``rlpipe replay`` re-run them, and ``reset_options`` the options; the
+    episode's first row gives both. Seeds past int64 (up to 2**64 - 1) come as an object array
+    of Python ints, never as floats. ``infos`` (per row: a dict, JSON text or None) is the info
+    the step returned. Observations and actions are batches: arrays with the row axis first, or
+    dicts and tuples of them for Dict and Tuple spaces.
     """
 
     episode_keys: np.ndarray
@@ -55,13 +60,15 @@ class SourceSteps:
     ts: np.ndarray | None = None
     action_logps: np.ndarray | None = None
     seeds: np.ndarray | None = None
+    reset_options: np.ndarray | None = None
+    infos: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.episode_keys)
         wrong = [
-            f"{name} has {len(value)}"
+            f"{name} has {length(value)}"
             for name, value in vars(self).items()
-            if value is not None and len(value) != n
+            if value is not None and length(value) != n
         ]
         if wrong:
             raise DatasetError(
@@ -128,6 +135,11 @@ def env_spaces(env_id: str) -> tuple[gym.Space[Any], gym.Space[Any]]:
 def infer_spaces(steps: SourceSteps) -> tuple[gym.Space[Any], gym.Space[Any]]:
     """Unbounded Boxes for the data's shapes, Discrete for integer scalar actions: used without
     ``--env``, when nothing better describes the source."""
+    if not all(isinstance(v, np.ndarray) for v in (steps.observations, steps.actions)):
+        raise DatasetError(
+            "observations and actions are dicts or tuples of arrays: give --env, or spaces, to "
+            "say what spaces they are"
+        )
     observation = gym.spaces.Box(-np.inf, np.inf, steps.observations.shape[1:], np.float32)
     actions = steps.actions
     if actions.dtype.kind in "iub" and actions.ndim == 1:
@@ -347,15 +359,17 @@ def _step_columns(steps: SourceSteps, episodes: _Episodes, rows: slice) -> dict[
         "episode_id": episodes.episode_ids[rows],
         "agent_id": episodes.agent_ids[rows],
         "t": episodes.ts[rows],
-        "observation": steps.observations[source],
-        "action": steps.actions[source],
+        "observation": _rows(steps.observations, source),
+        "action": _rows(steps.actions, source),
         "reward": np.asarray(steps.rewards, dtype=np.float64)[source],
-        "next_observation": steps.next_observations[source],
+        "next_observation": _rows(steps.next_observations, source),
         "terminated": episodes.terminateds[rows],
         "truncated": episodes.truncateds[rows],
     }
     if steps.action_logps is not None:
         columns["action_logp"] = np.asarray(steps.action_logps, dtype=np.float64)[source]
+    if steps.infos is not None:
+        columns["info"] = list(steps.infos[source])
     return columns
 
 
@@ -365,10 +379,9 @@ def _episode_columns(
     last = episodes.ends - 1
     now = datetime.now(UTC)
     count = len(last)
-    seeds: list[int | None] = [None] * count
-    if steps.seeds is not None:
-        first = np.asarray(steps.seeds, dtype=np.int64)[episodes.order[episodes.starts]]
-        seeds = [int(seed) if seed >= 0 else None for seed in first.tolist()]
+    first = episodes.order[episodes.starts]
+    seeds = [None] * count if steps.seeds is None else _seeds(steps.seeds[first])
+    options = [None] * count if steps.reset_options is None else list(steps.reset_options[first])
     return {
         "episode_id": episodes.episode_ids[last],
         "agent_id": episodes.agent_ids[last],
@@ -378,8 +391,37 @@ def _episode_columns(
         "return": returns,
         "env_id": [env_id] * count,
         "seed": seeds,
+        "reset_options": options,
         "end_reason": np.where(episodes.terminateds[last], "terminated", "truncated").tolist(),
     }
+
+
+def _rows(batch: Any, rows: np.ndarray) -> Any:
+    """Rows of a batch (dicts and tuples of arrays for Dict and Tuple spaces), as a batch."""
+    if isinstance(batch, dict):
+        return {key: _rows(value, rows) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_rows(value, rows) for value in batch)
+    return np.asarray(batch)[rows]
+
+
+def _seeds(values: np.ndarray) -> list[int | None]:
+    """Seeds as exact Python ints (None for none, as is -1 in an integer column); a float seed
+    is refused, since float64 rounds seeds past 2**53 (5272104914398938230 would be stored as
+    ...8112, and replay would diverge at t=0)."""
+    if values.dtype.kind == "f":
+        raise DatasetError(
+            f"seeds: expected integers, got {values.dtype} (floats round seeds past 2**53)"
+        )
+    seeds: list[int | None] = []
+    for value in values.tolist():  # Python ints, exact, for int64, uint64 and object arrays
+        if value is None or (isinstance(value, int) and value == -1):
+            seeds.append(None)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            seeds.append(value)
+        else:
+            raise DatasetError(f"seeds: expected integers, got {value!r}")
+    return seeds
 
 
 def arrow_to_numpy(column: pa.ChunkedArray, where: str) -> np.ndarray:
