@@ -476,3 +476,17 @@ def test_actions_that_look_normalized_are_warned_about(tmp_path: Path) -> None:
     anything = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
     unit = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
     write_dataset(one, tmp_path / "e", observation_space=anything, action_space=unit)
+
+
+def test_episode_keys_past_int64_stay_exact(tmp_path: Path) -> None:
+    """numpy makes [2**63, 1] a float64 array, and int64 and uint64 parts meet in float64:
+    keys 2**63 + 1 and 2**63 + 2 would both round to 2**63 and merge into one episode."""
+    from pipeline.importers.rllib import read_sample_batches
+
+    big = 2**63
+    (tmp_path / "a.json").write_text(sample_batch(big + 1, big + 2, 1) + sample_batch(7))
+    keys = read_sample_batches(tmp_path / "a.json").episode_keys.tolist()
+    assert keys == [big + 1, big + 2, 1, 7]
+    assert main(["import", "rllib-json", str(tmp_path / "a.json"), str(tmp_path / "ds")]) == 0
+    episodes = {str(batch.episode_ids[0]) for batch in InputReader(tmp_path / "ds", episodes=True)}
+    assert episodes == {str(big + 1), str(big + 2), "1", "7"}

@@ -24,7 +24,7 @@ import numpy as np
 
 from pipeline.errors import DatasetError
 from pipeline.importers.files import column_difference, data_files, read_files
-from pipeline.importers.transitions import SourceSteps, arrow_to_numpy
+from pipeline.importers.transitions import SourceSteps, arrow_to_numpy, concat_exact, exact_array
 from pipeline.importers.unpickler import load_ndarray
 
 # RLlib column -> SourceSteps field. ``terminateds``/``truncateds`` are newer RLlib's, ``dones``
@@ -69,7 +69,7 @@ def read_sample_batches(src: str | Path) -> SourceSteps:
             pieces.setdefault(name, []).append(values)
     if "eps_id" not in pieces:
         raise DatasetError(f"{src}: no SampleBatch lines found")
-    columns = {name: np.concatenate(parts) for name, parts in pieces.items()}
+    columns = {name: concat_exact(parts) for name, parts in pieces.items()}
     return to_source_steps(columns, str(src))
 
 
@@ -143,7 +143,7 @@ def _check_lengths(columns: dict[str, np.ndarray], where: str) -> None:
 def _column(value: Any, where: str) -> np.ndarray:
     """A SampleBatch column: a plain list, or base64 of LZ4 of a pickled ndarray."""
     if not isinstance(value, str):
-        return np.asarray(value)
+        return exact_array(value)
     try:
         packed = base64.b64decode(value, validate=True)
     except binascii.Error:

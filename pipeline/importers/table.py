@@ -2,9 +2,12 @@
 
 Columns use the step table's names: ``episode_id``, ``observation``, ``action``, ``reward``,
 ``next_observation`` (required), and ``terminated``/``truncated`` or a single ``done``,
-``agent_id``, ``t``, ``action_logp`` (optional). A vector may be one list-valued column (Parquet,
-DataFrame) or spread over numbered columns ``observation_0``, ``observation_1``, ... (CSV, which
-has no lists).
+``agent_id``, ``t``, ``action_logp``, and ``seed``, ``reset_options`` (an episode's first row
+gives them) and ``info`` (optional). Seeds are read as exact integers up to 2**64 - 1 (a uint64
+column, or pandas' ``UInt64`` for one with gaps; a float column is refused, since float64 rounds
+seeds past 2**53); ``reset_options`` and ``info`` are JSON text or structs. A vector may be one
+list-valued column (Parquet, DataFrame) or spread over numbered columns ``observation_0``,
+``observation_1``, ... (CSV, which has no lists).
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ COLUMNS = {
     "agent_id": "agent_ids",
     "t": "ts",
     "action_logp": "action_logps",
+    "seed": "seeds",
+    "reset_options": "reset_options",
+    "info": "infos",
 }
+_PER_VALUE = ("seed", "reset_options", "info")  # Python values, nulls allowed
 REQUIRED = ("episode_id", "observation", "action", "reward", "next_observation")
 _SUFFIXES = (".csv", ".parquet", ".pq")
 _NUMBERED = re.compile(rf"^({'|'.join(COLUMNS)})_\d+$")
@@ -94,6 +101,13 @@ def _relevant(column: str) -> bool:
 
 
 def _gather(table: pa.Table, name: str, where: str) -> np.ndarray | None:
+    if name in _PER_VALUE:
+        if name not in table.column_names:
+            return None
+        column = table.column(name)
+        values = np.empty(len(column), dtype=object)
+        values[:] = column.to_pylist()  # exact: a uint64 seed becomes a Python int
+        return values if not pa.types.is_floating(column.type) else column.to_numpy()
     if name in table.column_names:
         return arrow_to_numpy(table.column(name), f"{where}: '{name}'")
     pattern = re.compile(rf"^{name}_(\d+)$")

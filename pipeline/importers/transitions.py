@@ -424,6 +424,30 @@ def _seeds(values: np.ndarray) -> list[int | None]:
     return seeds
 
 
+def exact_array(values: Any) -> np.ndarray:
+    """``np.asarray`` of parsed values, but integers past int64's range stay exact: numpy makes
+    ``[2**63, 1]`` a float64 array (rounding both), so such columns become Python ints."""
+    array = np.asarray(values)
+    if array.dtype.kind == "f" and isinstance(values, list) and _all_ints(values):
+        exact = np.empty(len(values), dtype=object)
+        exact[:] = values
+        return exact
+    return array
+
+
+def concat_exact(parts: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate``, except that int64 and uint64 parts (which numpy meets in float64)
+    meet as Python ints."""
+    kinds = {part.dtype.kind for part in parts}
+    if len(kinds) > 1 and kinds <= {"i", "u", "O"}:
+        return np.concatenate([part.astype(object) for part in parts])
+    return np.concatenate(parts)
+
+
+def _all_ints(values: list[Any]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
 def arrow_to_numpy(column: pa.ChunkedArray, where: str) -> np.ndarray:
     """A column as numpy: scalars as a vector, list columns (variable-length by type, like Ray
     Data's ``list<double>``) as a matrix when every row has the same length."""
