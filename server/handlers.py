@@ -28,10 +28,10 @@ from server.messages import (
     ARROW_TYPE,
     client_id_of,
     flag,
-    int64,
     json_value,
     parse_json,
 )
+from server.messages import seed as reset_seed
 from server.service import Service
 from server.stepper import Answer, Request
 from server.uploads import json_table, parse_seq, read_arrow
@@ -101,7 +101,7 @@ def _episode(
         episode_id=episode_id,
         client_id=client_id_of(doc.get("client_id")) or remote_addr or "",
         training_enabled=flag(doc.get("training_enabled", True), "training_enabled"),
-        seed=int64(doc.get("seed"), "seed"),
+        seed=reset_seed(doc.get("seed"), "seed"),
         reset_options=json_value(doc.get("options"), "options"),
         env_id=service.env_id,
     )

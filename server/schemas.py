@@ -38,6 +38,7 @@ _STRING = {"type": "string"}
 _INTEGER = {"type": "integer"}
 _FINITE = {"type": "number", "minimum": -1.7976931348623157e308, "maximum": 1.7976931348623157e308}
 INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+SEED = {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}  # gymnasium's, as Minari draws
 ID = {"type": "string", "minLength": 1, "maxLength": 200, "not": {"enum": [".", ".."]}}
 _REQUEST = {
     **INT64,
@@ -154,7 +155,7 @@ def named_schemas(
                 [],
                 episode_id=ID,
                 training_enabled=_BOOL,
-                seed=INT64,
+                seed=SEED,
                 options=_INFO,
                 client_id={"type": ["string", "null"], "maxLength": 200},
             ),
@@ -259,7 +260,7 @@ def _upload_schemas() -> dict[str, Any]:
         ended_at=when,
         length={"type": "integer", "minimum": 0},
         env_id={"type": ["string", "null"]},
-        seed={**INT64, "type": ["integer", "null"]},
+        seed={**SEED, "type": ["integer", "null"]},
         reset_options={"type": ["string", "null"], "description": "JSON text"},
         end_reason={"enum": ["terminated", "truncated", "closed"]},
         **{"return": _FINITE},

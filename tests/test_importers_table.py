@@ -235,3 +235,15 @@ def test_a_tables_seeds_past_int64_replay_exactly(tmp_path: Path) -> None:
     table["seed"] = table["seed"].astype("float64")
     with pytest.raises(DatasetError, match=re.escape("seeds: expected integers, got float64")):
         import_dataframe(table, tmp_path / "other", env_id="CartPole-v1")
+
+
+def test_d4rl_nested_groups_are_refused_naming_them(tmp_path: Path) -> None:
+    from pipeline.importers.d4rl import read_d4rl
+
+    src = tmp_path / "d.hdf5"
+    with h5py.File(src, "w") as handle:
+        handle.create_group("observations").create_dataset("position", data=np.zeros((2, 2)))
+        for name in ("actions", "rewards", "terminals"):
+            handle.create_dataset(name, data=np.zeros(2))
+    with pytest.raises(DatasetError, match=re.escape("['observations'] are HDF5 groups")):
+        read_d4rl(src)

@@ -149,6 +149,8 @@ def _bad_cases(url: str) -> list[tuple[str, dict[str, Any], int, str]]:
         (ep, {"json": {}}, 400,
          "field 'observation': expected an observation (or 'observations' keyed by agent id), "
          "got nothing"),
+        ("/v1/episodes", {"json": {"episode_id": "s1", "seed": -1}}, 400,
+         "field 'seed': expected an integer seed in [0, 2**64) or null, got -1"),
         ("/v1/episodes/e1/logged-actions", {"json": {"observation": OBS, "action": 5}}, 400,
          "field 'action': expected an integer in [0, 2), got 5"),
         (ep, {"data": b"x" * 5000, "headers": json_type}, 413,

@@ -20,13 +20,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "import",
         help="import RLlib, Minari, D4RL, table or rlpipe format-1 data into a new dataset",
         description=(
-            "Import a recording into a new rlpipe dataset. FORMAT is one of: rllib-json (old "
-            "SampleBatch JSON lines; a file, a directory, a glob pattern such as 'DIR/*.json' as "
-            "RLlib's JsonReader takes, or a zip), rllib-jsonl and rllib-parquet (Ray Data output "
-            "directories), minari (a Minari dataset directory or its main_data.hdf5), d4rl (an "
-            "HDF5 file), table (CSV or Parquet), rlpipe-v1 (an rlpipe dataset of format version 1, "
-            "converted into today's format with its rows, spaces and checkpoints). Every file of "
-            "a source must hold the same columns."
+            "Import a recording into a new rlpipe dataset. Integers (episode keys, seeds up to "
+            "2**64 - 1) are kept exact, never passed through float64. FORMAT is one of: "
+            "minari (a Minari dataset directory, its data/ or its main_data.hdf5: Minari 0.5's "
+            "hdf5, arrow and parquet backends and 0.4's hdf5; Box, Discrete, MultiDiscrete, "
+            "MultiBinary, Dict and Tuple spaces at any depth; the env id, spaces and time limit "
+            "from Minari's metadata, each episode's seed and reset options, and step infos; Text "
+            "spaces are refused); rllib-json (old SampleBatch JSON lines; a file, a directory, a "
+            "glob pattern such as 'DIR/*.json' as RLlib's JsonReader takes, or a zip; "
+            "multi-agent batches are refused), rllib-jsonl and rllib-parquet (Ray Data output "
+            "directories), d4rl (an HDF5 file with observations, actions, rewards, terminals, "
+            "timeouts), table (CSV or Parquet with the step table's column names, plus seed, "
+            "reset_options and info; a float seed column is refused), rlpipe-v1 (an rlpipe "
+            "dataset of format version 1, converted into today's format with its rows, spaces "
+            "and checkpoints). Every file of a source must hold the same columns. Without --env, "
+            "spaces come from the source (Minari's metadata) or are inferred from the data."
         ),
     )
     parser.add_argument("format", choices=FORMATS, metavar="FORMAT", help=", ".join(FORMATS))
@@ -42,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--env",
         dest="env_id",
         default=None,
-        help="gymnasium env id: gives the spaces, the time limit, and lets replay rebuild the env",
+        help="gymnasium env id: gives the spaces, the time limit, and lets replay rebuild the env "
+        "(for minari: overrides the env the dataset names)",
     )
     parser.add_argument(
         "--max-episode-steps",

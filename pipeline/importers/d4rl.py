@@ -41,7 +41,15 @@ def read_d4rl(src: str | Path) -> SourceSteps:
             raise DatasetError(
                 f"{src}: missing D4RL datasets {missing}; found {sorted(handle.keys())}"
             )
-        names = [name for name in (*REQUIRED, "timeouts") if name in handle]
+        names = [name for name in (*REQUIRED, "timeouts", "next_observations") if name in handle]
+        groups = [name for name in names if not hasattr(handle[name], "shape")]
+        if groups:
+            raise DatasetError(
+                f"{src}: {groups} are HDF5 groups (nested values), which the d4rl importer does "
+                "not read: it takes flat arrays; a dataset of Dict or Tuple spaces imports as "
+                "minari"
+            )
+        names = [name for name in names if name != "next_observations"]
         data = {name: np.asarray(handle[name]) for name in names}
         next_observations = (
             np.asarray(handle["next_observations"]) if "next_observations" in handle else None
