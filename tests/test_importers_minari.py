@@ -330,3 +330,76 @@ def test_an_episode_whose_arrays_disagree_is_refused(minari_root: Path) -> None:
         handle["episode_1/rewards"] = rewards[:-1]
     with pytest.raises(DatasetError, match=r"episode 1: \d+ rewards, but \{'observations'"):
         read_minari(src)
+
+
+def test_a_recorded_dataset_exports_with_its_seeds_and_episodes_numbered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rlpipe's own episode ids ("ep0"...) are not Minari's integers: they are numbered in the
+    order the step table holds them; seeds and options come along."""
+    from datetime import UTC, datetime
+
+    from conftest import play
+
+    from pipeline import DatasetWriter
+
+    env = gym.make("CartPole-v1")
+    seeds = {"ep0": 2**64 - 1, "ep1": 11}
+    with DatasetWriter(tmp_path / "ds", env.observation_space, env.action_space) as writer:
+        for episode_id, seed in seeds.items():
+            columns = play(env, lambda _: 0, episode_id, seed, {"k": 1})
+            writer.append(columns)
+            now = datetime.now(UTC)
+            writer.append_episodes(
+                {
+                    "episode_id": [episode_id],
+                    "started_at": [now],
+                    "ended_at": [now],
+                    "length": [len(columns["t"])],
+                    "return": [float(sum(columns["reward"]))],
+                    "seed": [seed],
+                    "reset_options": [{"k": 1}],
+                    "end_reason": ["terminated"],
+                }
+            )
+    assert main(["export", "minari", str(tmp_path / "ds"), str(tmp_path / "out")]) == 0
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "out"))
+    back = minari.load_dataset("rlpipe/ds-v0")
+    meta = list(back.storage.get_episode_metadata(back.episode_indices))
+    lengths = {m["id"]: int(m["total_steps"]) for m in meta}
+    assert sorted(m["seed"] for m in meta) == sorted(seeds.values())
+    assert [plain(m["options"]) for m in meta] == [{"k": 1}, {"k": 1}]
+    assert [len(e.rewards) for e in back.iterate_episodes()] == [lengths[0], lengths[1]]
+
+
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+def test_jpeg_encoded_images_decode_as_minari_decodes_them(
+    minari_root: Path, tmp_path: Path, data_format: str
+) -> None:
+    """Minari stores uint8 image spaces as JPEG (lossy); rlpipe reads what Minari reads."""
+    frames = spaces.Box(0, 255, (32, 32, 3), np.uint8)
+    rng = np.random.default_rng(0)
+    buffers = [
+        EpisodeBuffer(
+            id=i,
+            seed=i,
+            observations=rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8),
+            actions=np.array([0, 1, 0]),
+            rewards=[1.0, 1.0, 1.0],
+            terminations=[False, False, True],
+            truncations=[False, False, False],
+        )
+        for i in range(2)
+    ]
+    name = f"test/frames-{data_format}-v0"
+    with pytest.warns(UserWarning):
+        minari.create_dataset_from_buffers(
+            name,
+            buffers,
+            observation_space=frames,
+            action_space=spaces.Discrete(2),
+            algorithm_name="random",
+            data_format=data_format,
+        )
+    assert main(["import", "minari", str(minari_root / name), str(tmp_path / "ds")]) == 0
+    check_against_minari(tmp_path / "ds", minari.load_dataset(name))

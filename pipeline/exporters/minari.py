@@ -88,6 +88,7 @@ def export_minari(
     with _datasets_root(out), warnings.catch_warnings():
         # Minari nags about metadata (author, description...) that rlpipe does not have
         warnings.filterwarnings("ignore", message=r".*is set to None", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"env_spec is None", category=UserWarning)
         try:
             minari.create_dataset_from_buffers(
                 name,
