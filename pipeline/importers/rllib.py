@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import DatasetError
+from pipeline.importers.columns import arrow_to_numpy, concat_exact, exact_array
 from pipeline.importers.files import column_difference, data_files, read_files
-from pipeline.importers.transitions import SourceSteps, arrow_to_numpy, concat_exact, exact_array
+from pipeline.importers.transitions import SourceSteps
 from pipeline.importers.unpickler import load_ndarray
 
 # RLlib column -> SourceSteps field. ``terminateds``/``truncateds`` are newer RLlib's, ``dones``

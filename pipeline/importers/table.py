@@ -20,8 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import DatasetError
+from pipeline.importers.columns import arrow_to_numpy
 from pipeline.importers.files import read_files
-from pipeline.importers.transitions import ImportSummary, SourceSteps, arrow_to_numpy, write_dataset
+from pipeline.importers.transitions import ImportSummary, SourceSteps, write_dataset
 
 COLUMNS = {
     "episode_id": "episode_keys",
