@@ -300,3 +300,28 @@ def test_client_honours_503_retry_after(tmp_path: Path) -> None:
         server.shutdown()
         thread.join()
         server.server_close()
+
+
+@pytest.mark.parametrize("mode", ["remote", "local"])
+def test_seeds_up_to_2_64_are_stored_exactly_and_bad_ones_refused_at_the_start(
+    tmp_path: Path, mode: str
+) -> None:
+    """A negative seed is refused when the episode starts (gymnasium's reset refuses it too),
+    not when its summary is stored; a seed past 2**63 - 1 travels and is stored exactly."""
+    from pipeline.format.schema import seed_from_storage
+
+    data = tmp_path / "ds"
+    env = gym.make("CartPole-v1")
+    with running_server(cartpole_config(data)) as server:
+        client = PolicyClient(server.url, inference_mode=mode, spool_dir=tmp_path / "spool")
+        with pytest.raises(SchemaError, match=re.escape("an integer seed in [0, 2**64) or null")):
+            client.start_episode(seed=-1)
+        episode_id = client.start_episode(seed=2**64 - 1)
+        observation, _ = env.reset(seed=2**64 - 1)
+        client.log_action(episode_id, observation, 0)
+        observation, reward, *_ = env.step(0)
+        client.log_returns(episode_id, float(reward))
+        client.end_episode(episode_id, observation)
+        assert client.close()
+    (seed,) = _read(data, "episodes")["seed"].tolist()
+    assert seed_from_storage(int(seed)) == 2**64 - 1

@@ -347,6 +347,24 @@ def seed_from_storage(value: int | None) -> int | None:
     return None if value is None else value + SEED_END if value < 0 else value
 
 
+SEED_EXPECTED = "an integer seed in [0, 2**64) or null"
+
+
+def checked_seed(value: Any, name: str = "seed") -> int | None:
+    """A reset seed as gymnasium takes it (an int in [0, 2**64), numpy's too), or None.
+
+    Raises:
+        SchemaError: for floats, booleans, negative seeds and seeds of 2**64 or more.
+    """
+    if isinstance(value, np.integer):
+        value = int(value)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_END
+    ):
+        raise SchemaError.single(name, SEED_EXPECTED, repr(value))
+    return value
+
+
 def _convert_seed(field: pa.Field, values: Any) -> pa.Array:
     """Seeds as Python ints in [0, 2**64), never through float64 (which rounds past 2**53).
 
@@ -362,19 +380,14 @@ def _convert_seed(field: pa.Field, values: Any) -> pa.Array:
         values = values.to_pylist()
     elif isinstance(values, np.ndarray):
         values = values.tolist()
-    expected = "an integer seed in [0, 2**64) or null"
     stored: list[int | None] = []
     for row, value in enumerate(values):
-        if isinstance(value, np.integer):
-            value = int(value)
-        if value is None:
-            stored.append(None)
-        elif isinstance(value, bool) or not isinstance(value, int):
-            raise SchemaError.single(field.name, expected, repr(value), row)
-        elif not 0 <= value < SEED_END:
-            raise SchemaError.single(field.name, expected, str(value), row)
-        else:
-            stored.append(seed_to_storage(value))
+        try:
+            seed = checked_seed(value, field.name)
+        except SchemaError:
+            shown = repr(value) if not isinstance(value, int) else str(value)
+            raise SchemaError.single(field.name, SEED_EXPECTED, shown, row) from None
+        stored.append(None if seed is None else seed_to_storage(seed))
     return pa.array(stored, type=pa.int64())
 
 
