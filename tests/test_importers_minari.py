@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from gymnasium import spaces
 from pipeline import InputReader, read_manifest
 from pipeline.commands.cli import main
 from pipeline.commands.replay import replay_episode
-from pipeline.errors import DatasetError
+from pipeline.errors import DatasetError, RlpipeWarning
 from pipeline.importers.minari import read_minari
 
 minari = pytest.importorskip("minari")
@@ -403,3 +404,17 @@ def test_jpeg_encoded_images_decode_as_minari_decodes_them(
         )
     assert main(["import", "minari", str(minari_root / name), str(tmp_path / "ds")]) == 0
     check_against_minari(tmp_path / "ds", minari.load_dataset(name))
+
+
+def test_env_kwargs_that_rlpipe_cannot_keep_are_warned_about(
+    minari_root: Path, tmp_path: Path
+) -> None:
+    env = gym.make("CartPole-v1", max_episode_steps=20, sutton_barto_reward=True)
+    name = "test/kwargs-v0"
+    with pytest.warns(UserWarning):
+        minari.create_dataset_from_buffers(
+            name, [rollout(env, 0, 5, None)], env=env, algorithm_name="random"
+        )
+    message = "made with {'kwargs': {'sutton_barto_reward': True}}, which an rlpipe dataset"
+    with pytest.warns(RlpipeWarning, match=re.escape(message)):
+        main(["import", "minari", str(minari_root / name), str(tmp_path / "ds")])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipeline.commands.storage_options import add_storage_options, storage_options
-from pipeline.errors import ConfigError, DatasetError
+from pipeline.errors import ConfigError, DatasetError, RlpipeWarning
 
 if TYPE_CHECKING:
     from pipeline.importers.transitions import SourceSteps
@@ -21,20 +22,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="import RLlib, Minari, D4RL, table or rlpipe format-1 data into a new dataset",
         description=(
             "Import a recording into a new rlpipe dataset. Integers (episode keys, seeds up to "
-            "2**64 - 1) are kept exact, never passed through float64. FORMAT is one of: "
-            "minari (a Minari dataset directory, its data/ or its main_data.hdf5: Minari 0.5's "
-            "hdf5, arrow and parquet backends and 0.4's hdf5; Box, Discrete, MultiDiscrete, "
+            "2**64 - 1) are kept exact, never passed through float64. FORMAT is one of: minari (a "
+            "Minari dataset directory, its data/ or its main_data.hdf5: Minari 0.5's hdf5, arrow "
+            "and parquet backends, and older hdf5 datasets; Box, Discrete, MultiDiscrete, "
             "MultiBinary, Dict and Tuple spaces at any depth; the env id, spaces and time limit "
             "from Minari's metadata, each episode's seed and reset options, and step infos; Text "
             "spaces are refused); rllib-json (old SampleBatch JSON lines; a file, a directory, a "
-            "glob pattern such as 'DIR/*.json' as RLlib's JsonReader takes, or a zip; "
-            "multi-agent batches are refused), rllib-jsonl and rllib-parquet (Ray Data output "
-            "directories), d4rl (an HDF5 file with observations, actions, rewards, terminals, "
-            "timeouts), table (CSV or Parquet with the step table's column names, plus seed, "
-            "reset_options and info; a float seed column is refused), rlpipe-v1 (an rlpipe "
-            "dataset of format version 1, converted into today's format with its rows, spaces "
-            "and checkpoints). Every file of a source must hold the same columns. Without --env, "
-            "spaces come from the source (Minari's metadata) or are inferred from the data."
+            "glob pattern such as 'DIR/*.json' as RLlib's JsonReader takes, or a zip; multi-agent "
+            "batches are refused), rllib-jsonl and rllib-parquet (Ray Data output directories), "
+            "d4rl (an HDF5 file with observations, actions, rewards, terminals, timeouts), table "
+            "(CSV or Parquet with the step table's column names, plus seed, reset_options and "
+            "info; a float seed column is refused), rlpipe-v1 (an rlpipe dataset of format version"
+            " 1, converted into today's format with its rows, spaces and checkpoints). Every file "
+            "of a source must hold the same columns. Without --env, spaces come from the source "
+            "(Minari's metadata) or are inferred from the data."
         ),
     )
     parser.add_argument("format", choices=FORMATS, metavar="FORMAT", help=", ".join(FORMATS))
@@ -119,6 +120,14 @@ def _run_minari(args: argparse.Namespace, destination: Any) -> int:
     from pipeline.importers.transitions import infer_spaces, write_dataset
 
     source = read_minari(args.src[0])
+    if source.env_kwargs and args.env_id is None:
+        warnings.warn(
+            f"the dataset's env {source.env_id} was made with {source.env_kwargs}, which an "
+            "rlpipe dataset does not keep: rlpipe replay makes the env with its registered "
+            "defaults, and may diverge",
+            RlpipeWarning,
+            stacklevel=2,
+        )
     observation_space = action_space = None
     if args.env_id is None:  # an env the dataset names may not be installed here: keep its id
         observation_space, action_space = source.observation_space, source.action_space

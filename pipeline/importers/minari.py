@@ -3,9 +3,10 @@
 Minari 0.5 writes ``DATASET/data/metadata.json``: ``data_format`` (``hdf5``, ``arrow`` or
 ``parquet``), the ``observation_space`` and ``action_space`` (Minari's own JSON,
 ``minari/serialization.py``), ``env_spec`` (gymnasium's ``EnvSpec.to_json``: the env id and its
-``max_episode_steps``) and ``jpeg_encoding``. Minari 0.4 kept the same keys in the HDF5 file's
-attributes or in ``metadata.json`` beside ``data/``; both are read when ``data/metadata.json`` is
-absent. The episodes are read by :mod:`pipeline.importers.minari_files`.
+``max_episode_steps``) and ``jpeg_encoding``. Where ``data/metadata.json`` is absent (older
+releases), the same keys are read from the HDF5 file's attributes and a ``metadata.json`` beside
+``data/``; that form is not tested against an old Minari release. The episodes are read by
+:mod:`pipeline.importers.minari_files`.
 
 What comes across, exactly: every step (observation, action, reward, next observation,
 terminated, truncated), Box, Discrete, MultiDiscrete, MultiBinary spaces and Dict and Tuple ones
@@ -52,6 +53,7 @@ class MinariSource:
     max_episode_steps: int | None
     observation_space: gym.Space[Any] | None  # None: neither the metadata nor the env says
     action_space: gym.Space[Any] | None
+    env_kwargs: dict[str, Any]  # what the env was made with besides its id (rlpipe keeps none)
 
 
 def read_minari(src: str | Path) -> MinariSource:
@@ -84,6 +86,7 @@ def read_minari(src: str | Path) -> MinariSource:
         max_episode_steps=int(limit) if isinstance(limit, int) else None,
         observation_space=observation_space,
         action_space=action_space,
+        env_kwargs={key: spec[key] for key in ("kwargs", "additional_wrappers") if spec.get(key)},
     )
 
 
