@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from conftest import cartpole_spaces
@@ -202,6 +203,27 @@ def test_a_flipped_row_count_in_a_footer_is_named_not_read_short(tmp_path: Path)
     _flip(shard, count.end() - 1, 0x04)  # 50 rows -> 48
     assert pq.read_metadata(shard).row_group(0).num_rows == 48
     _check_named(path, shard, "row group 0 has 48 rows, but its columns hold")
+
+
+def test_a_flipped_bit_in_a_footer_statistic_drops_no_row_of_a_filtered_read(
+    tmp_path: Path,
+) -> None:
+    """The footer has no checksum, and a min or max that changed still parses: a filter judged
+    on the statistics would skip the row group; rlpipe judges rows once read."""
+    path = _dataset(tmp_path / "ds")
+    shard = _shards(path)[0]
+    data = shard.read_bytes()
+    footer = len(data) - 8 - pq.read_metadata(shard).serialized_size
+    # row group 0's max of ``t``, as max and max_value: the first two int64 49s in the footer
+    copies = [m.start() for m in re.finditer(re.escape(struct.pack("<q", 49)), data[footer:])]
+    for offset in copies[:2]:
+        _flip(shard, footer + offset)  # 49 -> 33
+    assert pq.read_metadata(shard).row_group(0).column(2).statistics.max == 33
+    late = InputReader(path, batch_size=1000, filter=ds.field("t") >= 40)
+    found = {
+        (str(e), int(t)) for batch in late for e, t in zip(batch.episode_ids, batch.ts, strict=True)
+    }
+    assert found == {(f"e{n}", t) for n in range(EPISODES) for t in range(40, LENGTH)}
 
 
 @pytest.mark.parametrize("damage", ["flipped", "cut"])

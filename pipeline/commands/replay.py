@@ -270,10 +270,15 @@ def _reset_args(
     condition = ds.field("episode_id") == episode_id
     if agent_id:
         condition = condition & (ds.field("agent_id") == agent_id)
-    rows = dataset.to_table(columns=["seed", "reset_options", "logged_at"], filter=condition)
-    if not rows.num_rows:
+    columns = ["seed", "reset_options", "logged_at"]
+    rows = [
+        row
+        for batch in discovery.rows_where(dataset, columns, condition)
+        for row in batch.to_pylist()
+    ]
+    if not rows:
         return None, None
-    last = rows.sort_by("logged_at").slice(rows.num_rows - 1).to_pylist()[0]
+    last = max(rows, key=lambda row: row["logged_at"])
     options = last["reset_options"]
     seed = schema.seed_from_storage(last["seed"])  # seeds past 2**63 - 1 are stored negative
     return seed, json.loads(options) if isinstance(options, str) else None

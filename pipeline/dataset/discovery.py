@@ -9,11 +9,12 @@ on who reads what.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
@@ -117,3 +118,31 @@ def owned_fragments(
             if part.owns(f"{fragment.path}#{index}"):
                 owned.append(group)
     return owned
+
+
+_KEEP = "__rlpipe_keep"  # a row filter's column in a scan's projection
+
+
+def rows_where(
+    dataset: ds.Dataset,
+    columns: Sequence[str] | None,
+    keep: ds.Expression | None,
+    partitions: ds.Expression | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The ``columns`` (None: all) of the rows of ``dataset`` that ``keep`` keeps, in the
+    ``date`` partitions ``partitions`` names.
+
+    ``keep`` is judged row by row, as a column of the scan's projection: as a scan's filter,
+    Arrow would also leave out every row group whose footer statistics say it holds no match,
+    and the footer has no checksum, so a flipped bit in a min or max would drop rows without a
+    word (page checksums cover the values, not the statistics).
+    """
+    names = list(columns) if columns is not None else dataset.schema.names
+    if keep is None:
+        yield from dataset.to_batches(columns=names, filter=partitions)
+        return
+    projection = {**{name: ds.field(name) for name in names}, _KEEP: keep}
+    for batch in dataset.to_batches(columns=projection, filter=partitions):
+        mask = batch.column(_KEEP)
+        kept = batch.select(names)
+        yield kept if mask.null_count == 0 and pc.all(mask).as_py() else kept.filter(mask)

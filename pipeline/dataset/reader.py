@@ -146,7 +146,7 @@ class InputReader:
         self.action_space = self.manifest.action_space
         self.schema = schema.step_schema(self.observation_space, self.action_space)
         self.columns = self._resolve_columns()
-        self.filter = build_filter(self.config, filter)
+        self.prune, self.keep = build_filter(self.config, filter)
         self._epoch = 0
         self._stream: Iterator[Batch] | None = None
         self._seen: set[str] = set()
@@ -294,11 +294,11 @@ class InputReader:
                 "they are older than its retention; read a newer version"
             ) from None
         if part.count > 1:
-            fragments = discovery.owned_fragments(dataset, part, self.filter)
+            fragments = discovery.owned_fragments(dataset, part, self.prune)
             dataset = ds.FileSystemDataset(
                 fragments, dataset.schema, dataset.format, self.filesystem
             )
-        batches = dataset.to_batches(columns=self.columns, filter=self.filter)
+        batches = discovery.rows_where(dataset, self.columns, self.keep, self.prune)
         yield from damage.named(batches, self.filesystem, paths, self.schema)
 
     def _device(self, batch: Batch) -> Batch:
@@ -403,10 +403,15 @@ def _permute(chunks: list[pa.RecordBatch], rng: np.random.Generator) -> pa.Table
     return permuted
 
 
-def build_filter(config: ReaderConfig, extra: ds.Expression | None) -> ds.Expression | None:
-    """The config's filters and ``extra`` as one expression; partition pruning rides on the
-    ``date`` key."""
+def build_filter(config: ReaderConfig, extra: ds.Expression | None) -> tuple[Any, Any]:
+    """(the shards' ``date`` partitions to read, the rows to keep of them): the config's
+    filters and ``extra``, each an expression or None.
+
+    The rows are judged once read (:func:`~pipeline.dataset.discovery.rows_where`), never on
+    a shard footer's statistics.
+    """
     terms = [] if extra is None else [extra]
+    partitions = []
     if config.min_policy_version is not None:
         terms.append(ds.field("policy_version") >= config.min_policy_version)
     if config.max_policy_version is not None:
@@ -420,10 +425,14 @@ def build_filter(config: ReaderConfig, extra: ds.Expression | None) -> ds.Expres
     if config.since is not None:
         terms.append(ds.field("logged_at") >= pa.scalar(config.since, schema.TIMESTAMP))
         # a shard's partition is its first row's date, so later rows may sit one day earlier
-        terms.append(ds.field(layout.PARTITION_KEY) >= _day(config.since - timedelta(days=1)))
+        partitions.append(ds.field(layout.PARTITION_KEY) >= _day(config.since - timedelta(days=1)))
     if config.until is not None:
         terms.append(ds.field("logged_at") < pa.scalar(config.until, schema.TIMESTAMP))
-        terms.append(ds.field(layout.PARTITION_KEY) <= _day(config.until))
+        partitions.append(ds.field(layout.PARTITION_KEY) <= _day(config.until))
+    return _all_of(partitions), _all_of(terms)
+
+
+def _all_of(terms: list[ds.Expression]) -> ds.Expression | None:
     return functools.reduce(operator.and_, terms) if terms else None
 
 
