@@ -2,7 +2,8 @@
 
 ``create_app(config)`` opens the dataset and returns the app; ``app.extensions["rlpipe"]`` is the
 service, whose ``close()`` ends open episodes as truncated and closes the writer (the ``serve``
-command calls it at shutdown). The server serves no files and lists no directories: anything not
+command calls it at shutdown). The server serves no files and lists no directories (its one
+page, the live dashboard at ``/``, is built in memory: :mod:`server.dashboard`): anything not
 routed here is a JSON 404. The step and upload resources are those of
 :data:`server.routes.ROUTES`, which :class:`server.wsgi.FastPath` answers in front of Flask.
 """
@@ -16,13 +17,13 @@ from typing import Any
 from flask import Flask, Response, current_app, g, jsonify, request
 
 from pipeline.format import spaces
-from server import errors, handlers, openapi, routes
+from server import dashboard, errors, handlers, openapi, routes
 from server.config import ServerConfig
 from server.inference import PolicyRunner
 from server.service import Service
 from server.wsgi import FastPath
 
-_PUBLIC = {"health", "openapi_document"}
+_PUBLIC = {"health", "openapi_document", "dashboard"}  # the page holds no data
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -36,6 +37,7 @@ def create_app(config: ServerConfig) -> Flask:
     _step_routes(app, service)
     _weights_route(app, service.runner)
     _info_routes(app, service)
+    dashboard.register(app, service)
     app.wsgi_app = FastPath(app.wsgi_app, service)  # type: ignore[method-assign]
     return app
 
@@ -54,6 +56,8 @@ def _guards(app: Flask, config: ServerConfig, service: Service) -> None:
         route = routes.template(rule.rule) if rule is not None else "unrouted"
         seconds = time.perf_counter() - g.get("started", time.perf_counter())
         service.metrics.response(response.status_code, g.get("steps", 0), route, seconds)
+        if response.status_code >= 400:
+            service.stats.refused(response.status_code, route, response.get_json(silent=True))
         return response
 
 

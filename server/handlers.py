@@ -216,6 +216,9 @@ def upload(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     except StorageError as error:  # nothing of this upload is acknowledged: it may be retried
         raise errors.storage_refused(error, service.config.retry_after_s) from error
     service.metrics.accepted(result["stored"].get(layout.STEPS, 0))
+    if not result["duplicate"]:
+        service.metrics.ended(result["stored"].get(layout.EPISODES, 0))
+        service.stats.uploaded(client_id, tables)
     return result, 200
 
 

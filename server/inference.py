@@ -46,6 +46,7 @@ class PolicyRunner:
         self.action_space = action_space
         self.policy: NumpyPolicy | None = None
         self.checkpoint_path: Path | None = None
+        self.loaded_at: float | None = None  # unix time the served checkpoint was loaded
         self._skipped: Path | None = None
         self.refused: str | None = None  # why the newest checkpoint is not served (health)
         self._poll_s = poll_s
@@ -71,6 +72,7 @@ class PolicyRunner:
             self._skipped, self.refused = path, f"{path.name}: {error}"
             return
         self.policy, self.checkpoint_path, self.refused = policy, path, None
+        self.loaded_at = time.time()
         _log.info("serving policy version %d from %s", policy.version, path)
 
     @property

@@ -7,6 +7,8 @@ servers in one process (tests, an embedding app) keep separate counts.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
@@ -56,6 +58,11 @@ class Metrics:
             registry=registry,
         )
         self._storage_counted = 0
+        self._ended = Counter(
+            "rlpipe_episodes_ended",
+            "Episodes ended (by the client or the server).",
+            registry=registry,
+        )
 
     def accepted(self, rows: int, append_seconds: float | None = None) -> None:
         """Steps made durable, by a writer append that took ``append_seconds`` (None: an
@@ -63,6 +70,26 @@ class Metrics:
         self._accepted.inc(rows)
         if append_seconds is not None:
             self._appends.observe(append_seconds)
+
+    def ended(self, episodes: int) -> None:
+        """Episodes ended: summary rows written (an upload's included)."""
+        self._ended.inc(episodes)
+
+    def totals(self) -> dict[str, Any]:
+        """The counters as they stand, for ``GET /v1/stats``: read, not reset (rates are the
+        reader's differences). Costs a look at each counter, never the step path."""
+        responses = {
+            sample.labels["status"]: int(sample.value)
+            for family in self._responses.collect()
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        }
+        return {
+            "steps_accepted": int(_value(self._accepted)),
+            "steps_rejected": int(_value(self._rejected)),
+            "episodes_ended": int(_value(self._ended)),
+            "responses": responses,
+        }
 
     def response(
         self, status: int, steps: int = 0, route: str | None = None, seconds: float | None = None
@@ -87,3 +114,9 @@ class Metrics:
         self._storage_counted = max(storage_errors, self._storage_counted)
         encode, content_type = choose_encoder(accept)
         return encode(self.registry), content_type
+
+
+def _value(counter: Counter) -> float:
+    """A label-less counter's total, through the collector interface every scrape uses."""
+    samples = (s for family in counter.collect() for s in family.samples)
+    return next(s.value for s in samples if s.name.endswith("_total"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from server import routes
+from server import routes, stats
 from server.messages import MAX_DEPTH
 from server.schemas import ID, INT64, named_schemas, object_schema, ref
 
@@ -203,6 +203,22 @@ def _paths() -> dict[str, Any]:
                 "names them), in Prometheus' text format 0.0.4, or OpenMetrics when Accept asks.",
                 answer={"text/plain": _TEXT, "application/openmetrics-text": _TEXT},
             )
+        },
+        "/v1/stats": {
+            "get": _op(
+                "What the live page at / shows: totals, open episodes and clients by inference "
+                "mode, the policy served, lag, the writer's backlog, recent refusals and "
+                "episodes. Polled every second by the page; costs the step path nothing.",
+                answer=_json(stats.schema()),
+            )
+        },
+        "/": {
+            "get": {
+                "summary": "The live page (HTML, script and styles inline; it reads /v1/stats). "
+                "Public: it holds no data, and asks for the token when the server has one.",
+                "responses": {"200": {"description": "success", "content": {"text/html": _TEXT}}},
+                "security": [],
+            }
         },
         "/v1/openapi.json": {
             "get": {**_op("This document.", answer=_json({"type": "object"})), "security": []}

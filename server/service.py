@@ -31,6 +31,7 @@ from server.errors import ApiError, storage_refused
 from server.inference import PolicyRunner
 from server.metrics import Metrics
 from server.revival import open_journal
+from server.stats import Stats
 from server.stepper import Stepper
 from server.uploads import UploadLedger
 
@@ -56,6 +57,7 @@ class Service:
         self.env_id = manifest.env_id
         self.episodes = EpisodeBook()
         self.metrics = Metrics()
+        self.stats = Stats()
         self.runner = PolicyRunner(
             # checkpoints are local files: a dataset on object storage has none of its own
             config.policy or (None if isinstance(config.data, str) else config.data),
@@ -137,6 +139,9 @@ class Service:
             raise storage_refused(error, self.config.retry_after_s) from error
         if count or summaries:  # a step that completed no row appended nothing
             self.metrics.accepted(count, time.perf_counter() - started)
+        if summaries:  # once per ended episode, never per step
+            self.metrics.ended(len(summaries))
+            self.stats.ended(summaries, self.runner.version)
 
     def _append_summaries(self, summaries: list[dict[str, Any]], owe: bool) -> None:
         """Summaries after their steps; ``owe``: the steps are written, so summaries the disk

@@ -60,7 +60,10 @@ class FastPath:
             status, answer, _ = error_answer(error)
             body = orjson.dumps(answer)
         seconds = time.perf_counter() - started
-        self.service.metrics.response(status, counts.steps, routes.template(found[0].rule), seconds)
+        route = routes.template(found[0].rule)
+        self.service.metrics.response(status, counts.steps, route, seconds)
+        if status >= 400:
+            self.service.stats.refused(status, route, answer)
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         start_response(f"{status} {HTTPStatus(status).phrase}", headers)
         return [body]

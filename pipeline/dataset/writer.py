@@ -203,6 +203,7 @@ class DatasetWriter:
         self.rows_acknowledged = 0
         self.shards_committed = 0
         self.last_commit_seconds = 0.0
+        self.last_committed_at: float | None = None  # unix time of the last shard commit
         self._committer = threading.Thread(
             target=self._commit_loop, daemon=True, name="rlpipe-commit"
         )
@@ -414,6 +415,7 @@ class DatasetWriter:
             self._delta[table.name].commit(table.schema, action, app, segment.seq)
             self.shards_committed += 1
             self.last_commit_seconds = time.perf_counter() - started
+            self.last_committed_at = time.time()
         segment.path.unlink()
 
     def _tick_loop(self) -> None:
