@@ -183,3 +183,23 @@ def _screenshot(driver: Any, path: Path, docs: bool = False) -> None:
     assert driver.save_screenshot(str(path))
     if docs and os.environ.get("RLPIPE_DOCS_SCREENSHOT"):
         shutil.copyfile(path, ROOT / "docs" / "dashboard.png")
+
+
+def test_the_html_report_draws_its_charts_from_a_file(browser: Any, tmp_path: Path) -> None:
+    from test_report import report_dataset
+
+    from pipeline.commands.cli import main
+
+    out = tmp_path / "report.html"
+    assert main(["inspect", str(report_dataset(tmp_path / "ds")), "--html", str(out)]) == 0
+    _errors(browser)
+    browser.get(out.as_uri())
+    for chart in ("returns-time", "returns-version", "lengths", "actions"):
+        assert browser.find_elements("css selector", f"#{chart} svg"), chart
+    assert len(browser.find_elements("css selector", "#returns-version circle")) == 2
+    assert len(browser.find_elements("css selector", "#actions rect.rl-bar")) == 2
+    assert len(browser.find_elements("css selector", "#observations tbody tr")) == 4
+    assert browser.find_element("css selector", "#observations td.bad").text == "1"
+    assert browser.find_element("id", "health").text.startswith("ok")
+    _screenshot(browser, tmp_path / "report.png")
+    assert _errors(browser) == []

@@ -1,4 +1,6 @@
-"""``rlpipe inspect DIR [--json] [--plot FILE.png]``: what a dataset holds, and what is wrong.
+"""``rlpipe inspect DIR [--json] [--plot FILE.png] [--html REPORT.html]``: what a dataset holds,
+and what is wrong (``--html``: the same as one self-contained page with charts,
+:mod:`pipeline.commands.report`).
 
 The report is built from the tables' Delta snapshots and their files (a few narrow columns), so it
 works on a dataset that is being written, on one whose writer died, and on one copied from
@@ -50,6 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--plot", metavar="FILE.png", help="write return over time and episode lengths to a PNG"
     )
     parser.add_argument(
+        "--html",
+        metavar="REPORT.html",
+        help="also write a self-contained HTML report (charts of returns, lengths, actions, "
+        "observation ranges, and the health findings) that can be mailed or attached",
+    )
+    parser.add_argument(
         "--repair",
         action="store_true",
         help="first move damaged files into DIR/_quarantine/ and list the steps and episodes "
@@ -68,14 +76,16 @@ def run(args: argparse.Namespace) -> int:
 
         repaired = repair(dataset)
         print(json.dumps(repaired, indent=2) if args.json else format_repair(repaired))
-    report = inspect_dataset(dataset, plot=args.plot)
+    report = inspect_dataset(dataset, plot=args.plot, html=args.html)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
 
-def inspect_dataset(path: str | Path | Location, plot: str | Path | None = None) -> dict[str, Any]:
+def inspect_dataset(
+    path: str | Path | Location, plot: str | Path | None = None, html: str | Path | None = None
+) -> dict[str, Any]:
     """The whole report as plain JSON-ready data; with ``plot``, also the PNG of
-    :func:`plot_episodes`."""
+    :func:`plot_episodes`, and with ``html`` the page of :mod:`pipeline.commands.report`."""
     from pipeline.dataset.location import locate
     from pipeline.format import layout
     from pipeline.format.manifest import read_manifest
@@ -111,7 +121,39 @@ def inspect_dataset(path: str | Path | Location, plot: str | Path | None = None)
     }
     if plot:
         report["plot"] = str(plot_episodes(returns, lengths, plot).resolve())
+    if html:
+        report["html"] = str(
+            _html(report, location, manifest, steps, step_rows, episode_rows, html)
+        )
     return report
+
+
+def _html(
+    report: dict[str, Any],
+    location: Any,
+    manifest: Any,
+    paths: list[str],
+    steps: Any,
+    episodes: Any,
+    out: str | Path,
+) -> Path:
+    """The HTML report, with the observations and actions of the first rows."""
+    from pipeline.commands.report import SAMPLE_ROWS, write_report
+    from pipeline.dataset import discovery
+    from pipeline.format import layout, schema
+
+    spaces = manifest.observation_space, manifest.action_space
+    step_schema = schema.step_schema(*spaces)
+    columns = ["observation", "action"]
+    if paths:
+        dataset = discovery.open_dataset(
+            location.filesystem, location.root, paths, step_schema, layout.STEPS
+        )
+        sample = dataset.head(SAMPLE_ROWS, columns=columns)
+    else:
+        sample = step_schema.empty_table().select(columns)
+    tables = (steps, episodes, sample)
+    return write_report(report, format_report(report), spaces, tables, out).resolve()
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -146,6 +188,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines += [f"  - {problem}" for problem in problems]
     if "plot" in report:
         lines.append(f"plot           {report['plot']}")
+    if "html" in report:
+        lines.append(f"html report    {report['html']}")
     return "\n".join(lines)
 
 
