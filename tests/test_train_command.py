@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import threading
 from collections.abc import Callable
@@ -44,6 +45,10 @@ def _has_matplotlib() -> bool:
     return True
 
 
+def _has_tensorboard() -> bool:
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 def test_train_bc_offline_checkpoints_to_the_run_dir_and_resumes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -58,6 +63,8 @@ def test_train_bc_offline_checkpoints_to_the_run_dir_and_resumes(
     assert latest_checkpoint(run_dir) == run_dir / "checkpoints" / "policy-00000002.npz"
     assert not (data / "checkpoints").exists()  # never into the dataset
     assert (run_dir / "learning_curve.png").exists() == _has_matplotlib()
+    # TensorBoard scalars beside metrics.jsonl (tests/test_board.py reads them back)
+    assert bool(list(run_dir.glob("events.out.tfevents.*"))) == _has_tensorboard()
     # the same run dir resumes: trainer state, version and update counters and metrics carry on
     assert main([*args[:7], "400", "--eval-every", "100", *SMALL]) == 0
     resumed = _metrics(run_dir)[-1]

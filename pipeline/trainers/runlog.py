@@ -3,7 +3,8 @@
 Metrics go to ``RUN/metrics.jsonl``, one JSON object per line (appended and flushed as they come,
 so a crashed run keeps its history and ``pandas.read_json(lines=True)`` reads it). The curve is
 drawn with matplotlib when it is installed; it is optional, so without it the run says so once
-and skips the PNG.
+and skips the PNG. With tensorboard installed, the same records go to a TensorBoard event file
+beside the metrics, under CleanRL's scalar names (:mod:`pipeline.trainers.board`).
 
 A run also keeps its read log, ``RUN/reads.jsonl``: one line per batch it read from the dataset
 (an offline run: one for all it read), ``{"seconds", "pid", "rows", "shards", "data_version"}``, the
@@ -24,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from pipeline.trainers.board import open_board
+
 METRICS_FILE = "metrics.jsonl"
 READS_FILE = "reads.jsonl"
 CURVE_FILE = "learning_curve.png"
@@ -42,6 +45,7 @@ class RunLog:
         self._records: list[dict[str, Any]] = []
         self._interactive = self.stream.isatty()
         self._reads: TextIO | None = None
+        self._board = open_board(run_dir, self.stream)
 
     def record(self, **values: Any) -> dict[str, Any]:
         entry = {
@@ -51,6 +55,8 @@ class RunLog:
         self._records.append(entry)
         self._file.write(json.dumps(entry) + "\n")
         self._file.flush()
+        if self._board is not None:
+            self._board.write(entry)
         self.progress(entry)
         return entry
 
@@ -82,6 +88,8 @@ class RunLog:
     def close(self) -> Path | None:
         """Close the metrics file and draw the curve; returns the PNG's path, if drawn."""
         self._file.close()
+        if self._board is not None:
+            self._board.close()
         if self._reads is not None:
             self._reads.close()
         if self._interactive:
