@@ -10,7 +10,9 @@ the issue (193 remote steps/s with 8 clients, 4.7 ms p50 get_action).
 Clients make their envs with ``gym.make("CartPole-v1", disable_env_checker=True)``: the checker
 is a wrapper that type-checks every step's output (the simulator's cost, not the pipeline's);
 every step is still a real CartPole step, and only steps the server acknowledged are counted.
-Run: ``python bench/serve.py [--seconds S] [--only remote,vector,local,ingest]``.
+Run: ``python bench/serve.py [--seconds S] [--only remote,vector,local,ingest] [--poll-stats]``;
+``--poll-stats`` reads ``GET /v1/stats`` every second throughout, as the live page (``GET /``)
+open in a browser does, to show the page costs the step path nothing measurable.
 """
 
 from __future__ import annotations
@@ -312,6 +314,11 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="server request threads "
                         "(default: rlpipe serve's)")  # fmt: skip
+    parser.add_argument(
+        "--poll-stats",
+        action="store_true",
+        help="read /v1/stats every second throughout, as the live page does",
+    )
     args = parser.parse_args()
     if args.bare_server:
         bare_server(args.bare_server, args.bare_kind)
@@ -321,10 +328,10 @@ def main() -> None:
         work = WORKERS[args.worker]
         print(json.dumps(work(args.url, args.seconds, args.start_at, args.seed, **extra)))
         return
-    run(args.seconds, args.only.split(","), args.threads)
+    run(args.seconds, args.only.split(","), args.threads, args.poll_stats)
 
 
-def run(seconds: float, phases: list[str], threads: int | None) -> None:
+def run(seconds: float, phases: list[str], threads: int | None, poll_stats: bool = False) -> None:
     from common import machine_speed, report
 
     unknown = sorted(set(phases) - set(PHASES))
@@ -345,8 +352,11 @@ def run(seconds: float, phases: list[str], threads: int | None) -> None:
             for bare_port, bare in zip(bare_ports.values(), bares, strict=True):
                 _wait_up(f"http://127.0.0.1:{bare_port}/", bare)
             baseline, bare_p50 = _baselines(bare_ports, seconds)
+            poller = _StatsPoller(url) if poll_stats else None
             for phase in phases:
                 figures.update(PHASES[phase](url, seconds, baseline, bare_p50))
+            if poller is not None:
+                print(poller.stop())
         finally:
             for process in (server, *bares):
                 process.terminate()
@@ -362,6 +372,34 @@ def run(seconds: float, phases: list[str], threads: int | None) -> None:
         )
         print(f"{key}: {value:,.2f} ({ratio:.2f}x the issue's bar{versus})")  # fmt: skip
     report(figures)
+
+
+class _StatsPoller:
+    """``GET /v1/stats`` once a second in a thread, as the live page does while it is open."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self._url, self._stop = url + "/v1/stats", threading.Event()
+        self.answers, self.seconds = 0, 0.0
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        import requests
+
+        with requests.Session() as session:
+            while not self._stop.wait(1.0):
+                started = time.perf_counter()
+                session.get(self._url, timeout=10).raise_for_status()
+                self.seconds += time.perf_counter() - started
+                self.answers += 1
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join()
+        mean = self.seconds / max(1, self.answers) * 1e3
+        return f"stats poller: {self.answers} answers of /v1/stats, {mean:.1f} ms each on average"
 
 
 def _servers(data: Path, port: int, threads: int | None) -> tuple[Any, dict[str, int], list[Any]]:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -34,8 +33,7 @@ VERSIONS = 20  # policy versions the by-version chart keeps (the newest)
 REMOTE, LOCAL = "remote", "local"  # inference modes
 
 
-@dataclass(frozen=True)
-class Ended:
+class Ended(NamedTuple):
     """One ended episode (one agent's, for a multi-agent one), as the page shows it."""
 
     ended_at: float  # unix seconds
@@ -60,6 +58,8 @@ class Stats:
         self.uploaders: dict[str, float] = {}  # local-inference client -> its last upload
         self.local_open: dict[str, float] = {}  # an uploaded episode not yet ended -> last seen
         self.local_versions: dict[str, tuple[int, float]] = {}  # client -> oldest version acting
+        # a group's figures, kept while its newest episode is the same (read by the page alone)
+        self.figures: dict[tuple[str, Any], tuple[Ended, dict[str, Any]]] = {}
 
     def ended(self, summaries: list[dict[str, Any]], version: int | None) -> None:
         """Episodes the server ended (remote inference): their summary rows, and the version
@@ -202,12 +202,27 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     return {"p10": p10, "p50": p50, "p90": p90}
 
 
-def _figures(group: list[Ended]) -> dict[str, Any]:
-    return {
-        "episodes": len(group),
-        "return": _quantiles([e.episode_return for e in group]),
-        "length": _quantiles([float(e.length) for e in group]),
+def _figures(stats: Stats, key: tuple[str, Any], group: deque[Ended]) -> dict[str, Any] | None:
+    """A group's count, and the quantiles of its returns and lengths: worked out again only
+    when an episode has joined it since the last answer (most groups are done: older time
+    bins, older versions)."""
+    try:
+        newest = group[-1]
+    except IndexError:  # an empty group
+        return None
+    cached = stats.figures.get(key)
+    if cached is not None and cached[0] is newest:
+        return cached[1]
+    episodes = list(group)
+    versions = [e.policy_version for e in episodes if e.policy_version is not None]
+    figures = {
+        "episodes": len(episodes),
+        "newest_version": max(versions) if versions else None,
+        "return": _quantiles([e.episode_return for e in episodes]),
+        "length": _quantiles([float(e.length) for e in episodes]),
     }
+    stats.figures[key] = (episodes[-1], figures)
+    return figures
 
 
 def _forget(stats: Stats, now: float) -> None:
@@ -215,35 +230,39 @@ def _forget(stats: Stats, now: float) -> None:
     first = (now // BIN_S - BINS + 1) * BIN_S
     for start in [start for start in list(stats.by_time) if start < first]:
         stats.by_time.pop(start, None)
+        stats.figures.pop(("time", start), None)
     versions = sorted(v for v in list(stats.by_version) if v is not None)
     for version in versions[:-VERSIONS]:
         stats.by_version.pop(version, None)
+        stats.figures.pop(("version", version), None)
 
 
 def _by_version(stats: Stats) -> list[dict[str, Any]]:
     """Return and length of the latest episodes of each policy version (None: acting at
     random)."""
-    groups = {version: list(group) for version, group in list(stats.by_version.items())}
-    ordered = sorted(groups, key=lambda v: -1 if v is None else v)
-    return [{"policy_version": v, **_figures(groups[v])} for v in ordered if groups[v]]
+    out = []
+    for version, group in sorted(
+        list(stats.by_version.items()), key=lambda item: -1 if item[0] is None else item[0]
+    ):
+        figures = _figures(stats, ("version", version), group)
+        if figures is not None:
+            out.append({"policy_version": version, **_shown(figures)})
+    return out
 
 
 def _over_time(stats: Stats) -> list[dict[str, Any]]:
     """Return and length of the episodes that ended in each BIN_S seconds of the last
     BINS * BIN_S, with the newest version among them."""
-    bins = {start: list(group) for start, group in list(stats.by_time.items())}
     out = []
-    for start in sorted(bins):
-        group = bins[start]
-        versions = [e.policy_version for e in group if e.policy_version is not None]
-        out.append(
-            {
-                "t": start,
-                "policy_version": max(versions) if versions else None,
-                **_figures(group),
-            }
-        )
+    for start, group in sorted(list(stats.by_time.items())):
+        figures = _figures(stats, ("time", start), group)
+        if figures is not None:
+            out.append({"t": start, "policy_version": figures["newest_version"], **_shown(figures)})
     return out
+
+
+def _shown(figures: dict[str, Any]) -> dict[str, Any]:
+    return {key: figures[key] for key in ("episodes", "return", "length")}
 
 
 def _row(episode: Ended) -> dict[str, Any]:

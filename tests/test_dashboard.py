@@ -22,7 +22,9 @@ def test_stats_count_both_inference_modes_and_match_the_document(tmp_path: Path)
         remote = PolicyClient(server.url, "remote")
         local = PolicyClient(server.url, "local", spool_dir=tmp_path / "spool")
         play_client(remote, 3, seed=0)
-        play_client(local, 2, seed=10)
+        before = requests.get(server.url + "/v1/stats", timeout=5).json()
+        assert [v["episodes"] for v in before["by_version"]] == [3]
+        play_client(local, 2, seed=10)  # the figures kept for version 3 are worked out again
         local.flush()
         missing = requests.post(
             server.url + "/v1/episodes/nope/end", json={"observation": [0.0] * 4}, timeout=5
