@@ -30,6 +30,7 @@ KEPT_ERRORS = 8  # the last refusals shown with their messages
 BIN_S = 10  # seconds per point of the return-over-time chart
 BINS = 60  # points of it (ten minutes)
 VERSIONS = 20  # policy versions the by-version chart keeps (the newest)
+MAX_TRACKED = 10_000  # local clients, or open local episodes, tracked at most (the oldest go)
 REMOTE, LOCAL = "remote", "local"  # inference modes
 
 
@@ -90,16 +91,19 @@ class Stats:
         open until a row or summary ends them, and its rows say which version acted."""
         now = time.time()
         self.uploaders[client_id] = now
+        _bound(self.uploaders)
         steps = tables.get(layout.STEPS)
         version = self.local_versions.get(client_id, (None, 0.0))[0]
         if steps is not None and steps.num_rows:
             for episode_id in pc.unique(steps.column("episode_id")).to_pylist():
                 self.local_open[episode_id] = now
+            _bound(self.local_open)
             if "policy_version" in steps.column_names:
                 low = pc.min(steps.column("policy_version")).as_py()
                 if low is not None:
                     version = low
                     self.local_versions[client_id] = (low, now)
+                    _bound(self.local_versions)
         summaries = tables.get(layout.EPISODES)
         if summaries is not None:
             for row in summaries.select(_SUMMARY).to_pylist():
@@ -126,6 +130,14 @@ class Stats:
         )
 
 
+def _bound(tracked: dict[str, Any]) -> None:
+    """Forget the entries first added past MAX_TRACKED (a page that nobody opens never prunes
+    them by age), so uploads of rows that never form episodes cost no memory."""
+    if len(tracked) > MAX_TRACKED:
+        for key in list(tracked)[: len(tracked) - MAX_TRACKED // 2]:
+            tracked.pop(key, None)
+
+
 def _group(groups: dict[Any, deque[Ended]], key: Any) -> deque[Ended]:
     group = groups.get(key)
     return group if group is not None else groups.setdefault(key, deque(maxlen=PER_GROUP))
@@ -135,7 +147,7 @@ _SUMMARY = ["episode_id", "ended_at", "return", "length", "end_reason"]
 
 
 def snapshot(service: Service) -> dict[str, Any]:
-    """The document of ``GET /v1/stats`` (its schema: :func:`server.openapi` ``_stats``)."""
+    """The document of ``GET /v1/stats`` (its JSON schema: :func:`schema`)."""
     stats, now = service.stats, time.time()
     episodes = list(stats.episodes)
     _forget(stats, now)

@@ -69,3 +69,17 @@ def test_the_page_is_one_file_that_fetches_nothing_from_elsewhere(tmp_path: Path
             assert (other.status_code, other.headers["Content-Type"]) == (404, "application/json")
         assert requests.get(server.url + "/v1/stats", timeout=5).status_code == 401
         assert requests.get(server.url + "/v1/stats", headers=bearer, timeout=5).ok
+
+
+def test_uploads_that_never_end_their_episodes_cost_bounded_memory() -> None:
+    import pyarrow as pa
+
+    from server.stats import MAX_TRACKED, Stats
+
+    stats = Stats()  # as in a server whose page nobody opens: nothing prunes by age
+    for upload in range(3):
+        ids = [f"u{upload}-{i}" for i in range(MAX_TRACKED // 2 + 1)]
+        stats.uploaded("ingest", {"steps": pa.table({"episode_id": ids})})
+    assert len(stats.local_open) <= MAX_TRACKED
+    last = f"u2-{MAX_TRACKED // 2}"
+    assert last in stats.local_open and "u0-0" not in stats.local_open  # the oldest went
