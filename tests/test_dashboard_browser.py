@@ -147,8 +147,10 @@ def test_the_page_shows_clients_playing_and_a_new_policy(browser: Any, tmp_path:
             )
             headline = find("class name", "tiles").rect
             assert headline["y"] + headline["height"] < 768  # no scrolling for the figures
-            if os.environ.get("RLPIPE_DOCS_SCREENSHOT"):
-                time.sleep(20)  # more points on the charts for the docs' picture
+            if os.environ.get("RLPIPE_DOCS_SCREENSHOT"):  # more to see in the docs' picture
+                time.sleep(20)
+                cartpole_checkpoint(data / "checkpoints", 3, seed=2)
+                time.sleep(25)
             _screenshot(browser, tmp_path / "dashboard.png", docs=True)
             assert _errors(browser) == []
         finally:

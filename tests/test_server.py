@@ -316,7 +316,7 @@ def _refuse_bad_input(url: str) -> str:
         assert re.fullmatch(re.escape(message) + r"( \(.*\))?", got["message"]), got
         assert "Traceback" not in response.text
         assert _documented(path, "post", status), (path, status)
-    for path in ("/", "/v1", "/v1/../manifest.json", "/steps/"):
+    for path in ("/index.html", "/v1", "/v1/../manifest.json", "/steps/"):  # "/": the page
         response = requests.get(url + path, headers=AUTH, timeout=5)
         assert response.status_code == 404 and response.json()["error"]["status"] == 404
     ok = _post(url, "/v1/episodes/e1/actions", {"observation": OBS, "request": 2})

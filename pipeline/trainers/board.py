@@ -11,6 +11,7 @@ read ours. The step is the run's environment steps when it counts them (online),
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -52,8 +53,8 @@ class Board:
                 continue
             if isinstance(value, int | float):
                 self._writer.add_scalar(NAMES.get(key, f"charts/{key}"), value, step)
-        if "env_steps" in entry:
-            now = (entry["seconds"], entry["env_steps"])
+        if "env_steps" in entry:  # the clock unrounded: records may come within a millisecond
+            now = (time.monotonic(), entry["env_steps"])
             if self._last is not None and now[0] > self._last[0]:
                 sps = (now[1] - self._last[1]) / (now[0] - self._last[0])
                 self._writer.add_scalar("charts/SPS", sps, step)
