@@ -24,7 +24,8 @@ import pytest
 from pipeline import InputReader, read_manifest
 from pipeline.commands.cli import main
 from pipeline.errors import DatasetError, RlpipeWarning
-from pipeline.importers.transitions import SourceSteps, split_episodes
+from pipeline.importers import boundaries
+from pipeline.importers.transitions import SourceSteps
 from pipeline.importers.unpickler import load_ndarray
 
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchor-data" / "rllib-test-data"
@@ -161,7 +162,7 @@ def steps(keys: list[Any], **flags: list[bool]) -> SourceSteps:
 
 def ends(source: SourceSteps, limit: int | None = None) -> list[tuple[str, int, str]]:
     """(episode id, length, end reason) per episode."""
-    split = split_episodes(source, limit)
+    split = boundaries.split(source, limit)
     out = []
     for start, end in zip(split.starts, split.ends, strict=True):
         reason = "terminated" if split.terminateds[end - 1] else "truncated"
@@ -206,7 +207,7 @@ def test_time_limit_counts_the_source_step_index_when_given() -> None:
 
 
 def test_interleaved_rows_keep_their_rewards(tmp_path: Path) -> None:
-    split = split_episodes(steps([1, 2, 1, 2], dones=[False, False, True, True]), None)
+    split = boundaries.split(steps([1, 2, 1, 2], dones=[False, False, True, True]), None)
     assert split.order.tolist() == [0, 2, 1, 3]
     assert split.ts.tolist() == [0, 1, 0, 1]
 

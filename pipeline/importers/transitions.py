@@ -1,13 +1,7 @@
 """Foreign step rows in, our episodes out: the part every importer shares.
 
-A source hands over flat arrays in its own row order (:class:`SourceSteps`). Rows are grouped by
-episode key (and agent) in order of first appearance, keeping the source order inside each group,
-and a group is cut after every row that ends an episode. How an episode ended follows gymnasium's
-distinction (``gymnasium/core.py``, ``Env.step``): explicit ``terminated``/``truncated`` columns are
-taken as they are; an old-style ``done`` (RLlib's ``dones``, D4RL's ``terminals`` without
-``timeouts``) is ``truncated`` when the episode reached the env's time limit and ``terminated``
-otherwise; an episode whose rows simply stop (the key changes, or the data ends) is ``truncated``,
-because nothing says the env ended it.
+A source hands over flat arrays in its own row order (:class:`SourceSteps`);
+:mod:`pipeline.importers.boundaries` finds its episodes, and :func:`write_dataset` writes them.
 """
 
 from __future__ import annotations
@@ -29,6 +23,8 @@ from pipeline.dataset.location import Location, locate
 from pipeline.dataset.writer import DatasetWriter
 from pipeline.errors import ConfigError, DatasetError, RlpipeWarning
 from pipeline.format import layout
+from pipeline.importers import boundaries
+from pipeline.importers.boundaries import Boundaries
 
 _CHUNK_ROWS = 65_536
 
@@ -92,20 +88,6 @@ class ImportSummary:
             f"imported {self.steps} steps in {self.episodes} episodes ({self.terminated} "
             f"terminated, {self.truncated} truncated; mean return {mean:.4g}) into {self.path}"
         )
-
-
-@dataclass(frozen=True)
-class _Episodes:
-    """The source rows regrouped into episodes: per-row arrays in ``order``, per-episode lists."""
-
-    order: np.ndarray
-    episode_ids: np.ndarray
-    agent_ids: np.ndarray
-    ts: np.ndarray
-    terminateds: np.ndarray
-    truncateds: np.ndarray
-    starts: np.ndarray
-    ends: np.ndarray
 
 
 def time_limit(env_id: str | None) -> int | None:
@@ -192,7 +174,7 @@ def write_dataset(
     else:
         _warn_if_normalized(steps.actions, action_space)
     limit = max_episode_steps if max_episode_steps is not None else time_limit(env_id)
-    episodes = split_episodes(steps, limit)
+    episodes = boundaries.split(steps, limit)
     returns = _returns(steps.rewards[episodes.order], episodes)
     with DatasetWriter(
         location.uri,
@@ -257,93 +239,7 @@ def _warn_if_normalized(actions: np.ndarray, space: gym.Space[Any]) -> None:
         )
 
 
-def split_episodes(steps: SourceSteps, max_episode_steps: int | None) -> _Episodes:
-    """Group rows into episodes and decide how each ended (see the module docstring)."""
-    n = len(steps.episode_keys)
-    keys = steps.episode_keys.astype(str)
-    agents = (
-        steps.agent_ids.astype(str)
-        if steps.agent_ids is not None
-        else np.full(n, layout.DEFAULT_AGENT_ID)
-    )
-    _, first, inverse = np.unique(
-        np.char.add(np.char.add(keys, "\x00"), agents), return_index=True, return_inverse=True
-    )
-    group = np.argsort(np.argsort(first))[inverse.ravel()]  # groups numbered by first appearance
-    order = np.argsort(group, kind="stable")
-    ended = _ended(steps)[order]
-    group = group[order]
-    boundary = np.ones(n, dtype=bool)  # True where a row is the last of its episode
-    if n:
-        boundary[:-1] = ended[:-1] | (group[1:] != group[:-1])
-    ends = np.flatnonzero(boundary) + 1
-    starts = np.r_[0, ends[:-1]] if n else np.zeros(0, dtype=np.int64)
-    lengths = ends - starts
-    episode_of_row = np.repeat(np.arange(len(starts)), lengths)
-    ts = np.arange(n) - np.repeat(starts, lengths)
-    terminateds, truncateds = _end_flags(steps, order, starts, ends, max_episode_steps)
-    return _Episodes(
-        order=order,
-        episode_ids=_episode_ids(keys[order], group, starts, episode_of_row),
-        agent_ids=agents[order],
-        ts=ts,
-        terminateds=terminateds,
-        truncateds=truncateds,
-        starts=starts,
-        ends=ends,
-    )
-
-
-def _ended(steps: SourceSteps) -> np.ndarray:
-    n = len(steps.episode_keys)
-    if steps.terminateds is not None or steps.truncateds is not None:
-        return _flag(steps.terminateds, n) | _flag(steps.truncateds, n)
-    return _flag(steps.dones, n)
-
-
-def _flag(values: np.ndarray | None, n: int) -> np.ndarray:
-    return np.zeros(n, dtype=bool) if values is None else np.asarray(values, dtype=bool)
-
-
-def _end_flags(
-    steps: SourceSteps, order: np.ndarray, starts: np.ndarray, ends: np.ndarray, limit: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    n = len(order)
-    last = ends - 1
-    explicit = steps.terminateds is not None or steps.truncateds is not None
-    if explicit:
-        terminateds = _flag(steps.terminateds, n)[order]
-        truncateds = _flag(steps.truncateds, n)[order]
-    else:
-        terminateds, truncateds = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-        done = _flag(steps.dones, n)[order][last]
-        reached = np.zeros(len(last), dtype=bool)
-        if limit is not None:
-            source_t = steps.ts[order][last] if steps.ts is not None else last - starts
-            reached = source_t + 1 >= limit
-        terminateds[last] = done & ~reached
-        truncateds[last] = done & reached
-    cut = ~(terminateds[last] | truncateds[last])  # rows stop with no end flag: the data was cut
-    truncateds[last[cut]] = True
-    return terminateds, truncateds
-
-
-def _episode_ids(
-    keys: np.ndarray, group: np.ndarray, starts: np.ndarray, episode_of_row: np.ndarray
-) -> np.ndarray:
-    """The source's key; a key that holds several episodes gets ``-1``, ``-2`` on the later ones."""
-    first_of_group = np.r_[True, group[starts][1:] != group[starts][:-1]] if len(starts) else []
-    index_in_group = np.arange(len(starts)) - np.maximum.accumulate(
-        np.where(first_of_group, np.arange(len(starts)), 0)
-    )
-    names = keys[starts].astype(object)
-    later = index_in_group > 0
-    pairs = zip(names[later], index_in_group[later], strict=True)
-    names[later] = [f"{key}-{i}" for key, i in pairs]
-    return names.astype(str)[episode_of_row] if len(starts) else keys
-
-
-def _returns(rewards: np.ndarray, episodes: _Episodes) -> list[float]:
+def _returns(rewards: np.ndarray, episodes: Boundaries) -> list[float]:
     """Exact sums (``math.fsum``), so a return does not depend on the order rows were added in."""
     values = np.asarray(rewards, dtype=np.float64).tolist()
     return [
@@ -352,7 +248,7 @@ def _returns(rewards: np.ndarray, episodes: _Episodes) -> list[float]:
     ]
 
 
-def _step_columns(steps: SourceSteps, episodes: _Episodes, rows: slice) -> dict[str, Any]:
+def _step_columns(steps: SourceSteps, episodes: Boundaries, rows: slice) -> dict[str, Any]:
     source = episodes.order[rows]
     columns: dict[str, Any] = {
         "episode_id": episodes.episode_ids[rows],
@@ -373,7 +269,7 @@ def _step_columns(steps: SourceSteps, episodes: _Episodes, rows: slice) -> dict[
 
 
 def _episode_columns(
-    steps: SourceSteps, episodes: _Episodes, returns: list[float], env_id: str | None
+    steps: SourceSteps, episodes: Boundaries, returns: list[float], env_id: str | None
 ) -> dict[str, Any]:
     last = episodes.ends - 1
     now = datetime.now(UTC)
