@@ -219,7 +219,7 @@ def test_a_tables_seeds_past_int64_replay_exactly(tmp_path: Path) -> None:
     """Seeds up to 2**64 - 1 in a uint64 column come across exactly, and replay; a float64
     seed column (pandas' choice for ints with gaps) is refused rather than rounded."""
     from pipeline.commands.replay import replay_episode
-    from pipeline.format.schema import seed_from_storage
+    from pipeline.format.seeds import from_storage
 
     first = 2**64 - 3
     episodes = rollouts(seed=first)  # reset with seeds 2**64 - 3, - 2, - 1
@@ -228,7 +228,7 @@ def test_a_tables_seeds_past_int64_replay_exactly(tmp_path: Path) -> None:
     table["reset_options"] = '{"note": 1}'
     import_dataframe(table, tmp_path / "ds", env_id="CartPole-v1")
     rows = ds.dataset(tmp_path / "ds/episodes", format="parquet", partitioning="hive").to_table()
-    seeds = {r["episode_id"]: seed_from_storage(r["seed"]) for r in rows.to_pylist()}
+    seeds = {r["episode_id"]: from_storage(r["seed"]) for r in rows.to_pylist()}
     assert seeds == {"e0": first, "e1": first + 1, "e2": first + 2}
     assert set(rows.column("reset_options").to_pylist()) == {'{"note": 1}'}
     assert replay_episode(tmp_path / "ds", "e2").exact

@@ -308,7 +308,7 @@ def test_seeds_up_to_2_64_are_stored_exactly_and_bad_ones_refused_at_the_start(
 ) -> None:
     """A negative seed is refused when the episode starts (gymnasium's reset refuses it too),
     not when its summary is stored; a seed past 2**63 - 1 travels and is stored exactly."""
-    from pipeline.format.schema import seed_from_storage
+    from pipeline.format.seeds import from_storage
 
     data = tmp_path / "ds"
     env = gym.make("CartPole-v1")
@@ -324,4 +324,4 @@ def test_seeds_up_to_2_64_are_stored_exactly_and_bad_ones_refused_at_the_start(
         client.end_episode(episode_id, observation)
         assert client.close()
     (seed,) = _read(data, "episodes")["seed"].tolist()
-    assert seed_from_storage(int(seed)) == 2**64 - 1
+    assert from_storage(int(seed)) == 2**64 - 1

@@ -14,7 +14,7 @@ import pytest
 from conftest import cartpole_spaces
 
 from pipeline import DatasetWriter, SchemaError
-from pipeline.format import schema
+from pipeline.format import schema, seeds
 
 
 def test_the_column_names_are_the_schemas() -> None:
@@ -56,7 +56,7 @@ def test_seeds_up_to_2_64_round_trip_exactly(tmp_path: Path, form: str) -> None:
     table = ds.dataset(tmp_path / "ds/episodes", format="parquet", partitioning="hive").to_table()
     stored = dict(zip(table["episode_id"].to_pylist(), table["seed"].to_pylist(), strict=True))
     assert stored["ep0"] == -1 and stored["ep2"] == -(2**63)  # the same 64 bits as uint64
-    assert [schema.seed_from_storage(stored[f"ep{i}"]) for i in range(len(SEEDS))] == SEEDS
+    assert [seeds.from_storage(stored[f"ep{i}"]) for i in range(len(SEEDS))] == SEEDS
     assert stored["small0"] == 7
 
 

@@ -44,7 +44,7 @@ from pipeline.errors import (
     SchemaError,
     ServerUnavailable,
 )
-from pipeline.format import layout, schema
+from pipeline.format import layout, seeds
 from pipeline.policy.checkpoint import load_checkpoint
 from pipeline.policy.network import policy_for
 from pipeline.recording.episode import Returns, episode_id_of
@@ -136,7 +136,7 @@ class PolicyClient:
         episode_id_of(episode_id)  # refused here, in both modes, as the server refuses it
         if not isinstance(training_enabled, bool):
             raise SchemaError.single("training_enabled", "true or false", repr(training_enabled))
-        seed = schema.checked_seed(seed)  # here, not when the episode's summary is stored
+        seed = seeds.checked(seed)  # here, not when the episode's summary is stored
         self._check_uploads()
         self._inference.start(episode_id, training_enabled, seed, options)
         return episode_id

@@ -25,7 +25,8 @@ from pipeline.client.remote import RemoteEpisode, RemoteInference, decoded
 from pipeline.client.servers import ROUTE_HEADER
 from pipeline.client.transport import jsonable
 from pipeline.errors import ConfigError, SchemaError
-from pipeline.format import layout, schema
+from pipeline.format import layout
+from pipeline.format.seeds import checked as checked_seed
 from pipeline.recording.batches import row_of
 
 if TYPE_CHECKING:
@@ -349,7 +350,7 @@ class VectorEpisodes:
     def _start(self, seed: int | None, options: Mapping[str, Any] | None) -> dict[str, Any]:
         start: dict[str, Any] = {"training_enabled": self.training_enabled}
         if seed is not None:
-            start["seed"] = schema.checked_seed(seed)
+            start["seed"] = checked_seed(seed)
         if options is not None:
             start["options"] = jsonable(options)
         return start

@@ -258,7 +258,7 @@ def _reset_args(
 
     from pipeline.dataset import discovery
     from pipeline.dataset.location import locate
-    from pipeline.format import layout, schema
+    from pipeline.format import layout, schema, seeds
 
     location = locate(path)
     paths = discovery.list_shards(location, layout.EPISODES)
@@ -280,7 +280,7 @@ def _reset_args(
         return None, None
     last = max(rows, key=lambda row: row["logged_at"])
     options = last["reset_options"]
-    seed = schema.seed_from_storage(last["seed"])  # seeds past 2**63 - 1 are stored negative
+    seed = seeds.from_storage(last["seed"])  # seeds past 2**63 - 1 are stored negative
     return seed, json.loads(options) if isinstance(options, str) else None
 
 

@@ -149,7 +149,7 @@ def _with_last(observations: Any, next_observations: Any) -> Any:
 def _reset_args(location: Location) -> dict[str, tuple[int | None, dict[str, Any] | None]]:
     """episode id -> (seed, reset options), from the episodes table's latest row per episode."""
     from pipeline.dataset import discovery
-    from pipeline.format import layout, schema
+    from pipeline.format import layout, schema, seeds
 
     paths = discovery.list_shards(location, layout.EPISODES)
     if not paths:
@@ -162,7 +162,7 @@ def _reset_args(location: Location) -> dict[str, tuple[int | None, dict[str, Any
     for row in rows.sort_by("logged_at").to_pylist():
         options = row["reset_options"]
         found[row["episode_id"]] = (
-            schema.seed_from_storage(row["seed"]),
+            seeds.from_storage(row["seed"]),
             json.loads(options) if isinstance(options, str) else None,
         )
     return found

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import Problem, SchemaError
-from pipeline.format import codec, layout, spaces
+from pipeline.format import codec, layout, seeds, spaces
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 END_REASONS = ("terminated", "truncated", "closed")
@@ -333,64 +333,6 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-SEED_END = 2**64  # gymnasium seeds are ints >= 0; Minari draws them from the whole 64 bits
-
-
-def seed_to_storage(seed: int) -> int:
-    """The int64 the ``seed`` column stores for a seed in [0, 2**64): itself below 2**63, else
-    the int64 of the same 64 bits (``seed - 2**64``, negative), as uint64 columns are stored."""
-    return seed - SEED_END if seed >= SEED_END // 2 else seed
-
-
-def seed_from_storage(value: int | None) -> int | None:
-    """The seed a ``seed`` column value stands for: negative values are seeds past 2**63 - 1."""
-    return None if value is None else value + SEED_END if value < 0 else value
-
-
-SEED_EXPECTED = "an integer seed in [0, 2**64) or null"
-
-
-def checked_seed(value: Any, name: str = "seed") -> int | None:
-    """A reset seed as gymnasium takes it (an int in [0, 2**64), numpy's too), or None.
-
-    Raises:
-        SchemaError: for floats, booleans, negative seeds and seeds of 2**64 or more.
-    """
-    if isinstance(value, np.integer):
-        value = int(value)
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_END
-    ):
-        raise SchemaError.single(name, SEED_EXPECTED, repr(value))
-    return value
-
-
-def _convert_seed(field: pa.Field, values: Any) -> pa.Array:
-    """Seeds as Python ints in [0, 2**64), never through float64 (which rounds past 2**53).
-
-    An Arrow int64 column is the column's own type, so its values are taken as stored (a batch
-    that :func:`episodes_from_columns` built is appended as it is); any other Arrow type, numpy
-    arrays and lists hold seeds.
-    """
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if isinstance(values, pa.Array) and pa.types.is_int64(values.type):
-        return values
-    if isinstance(values, pa.Array):
-        values = values.to_pylist()
-    elif isinstance(values, np.ndarray):
-        values = values.tolist()
-    stored: list[int | None] = []
-    for row, value in enumerate(values):
-        try:
-            seed = checked_seed(value, field.name)
-        except SchemaError:
-            shown = repr(value) if not isinstance(value, int) else str(value)
-            raise SchemaError.single(field.name, SEED_EXPECTED, shown, row) from None
-        stored.append(None if seed is None else seed_to_storage(seed))
-    return pa.array(stored, type=pa.int64())
-
-
 def _convert_id(field: pa.Field, values: Any) -> pa.Array:
     array = _convert_generic(field, values)
     if field.name == "episode_id":
@@ -427,5 +369,5 @@ _CONVERTERS: dict[str, Callable[[pa.Field, Any], pa.Array]] = {
     "agent_id": _convert_id,
     "t": _convert_t,
     "length": _convert_t,
-    "seed": _convert_seed,
+    "seed": seeds.to_arrow,
 }
