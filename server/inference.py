@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline.dataset.batch import length
 from pipeline.errors import DatasetError
-from pipeline.format import codec
+from pipeline.format import codec, samples
 from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.policy.network import NumpyPolicy, policy_for
 
@@ -93,7 +93,7 @@ class PolicyRunner:
             policy = self.policy
             logp: list[float | None] = [None] * n
             if policy is None:
-                actions = codec.sample_batch(self.action_space, n, int(self._rng.integers(2**63)))
+                actions = samples.sample_batch(self.action_space, n, int(self._rng.integers(2**63)))
             elif n == 1 and discrete and isinstance(batch, np.ndarray):
                 # one row: the policy's vector path costs a fraction of a batch's
                 action, logp[0] = policy.act_one(batch[0], self._rng)

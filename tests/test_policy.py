@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.errors import ConfigError, DatasetError
-from pipeline.format import codec, flattening
+from pipeline.format import flattening, samples
 from pipeline.policy.checkpoint import (
     Checkpoint,
     ModelSpec,
@@ -47,7 +47,7 @@ def _checkpoint(spec: ModelSpec, network: torch.nn.Sequential, version: int = 1)
 
 
 def _observations(n: int) -> tuple[dict[str, np.ndarray], torch.Tensor]:
-    batch = codec.sample_batch(OBSERVATION, n, seed=1)
+    batch = samples.sample_batch(OBSERVATION, n, seed=1)
     return batch, torch.as_tensor(flattening.flatten_batch(OBSERVATION, batch))
 
 

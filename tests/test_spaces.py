@@ -15,14 +15,9 @@ import pytest
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Text, Tuple
 
 from pipeline.errors import SchemaError, SpaceError
-from pipeline.format.codec import (
-    float_box_rows,
-    from_arrow,
-    sample_batch,
-    to_arrow,
-    to_arrow_rows,
-)
+from pipeline.format.codec import float_box_rows, from_arrow, to_arrow, to_arrow_rows
 from pipeline.format.flattening import flatdim, flatten
+from pipeline.format.samples import sample_batch
 from pipeline.format.spaces import (
     space_field,
     space_from_field,

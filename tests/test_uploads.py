@@ -26,7 +26,7 @@ from server_fixtures import (
     start_serve_process,
 )
 
-from pipeline.format import codec
+from pipeline.format import codec, samples
 
 
 def _upload(url: str, client: str, seq: int, table: pa.Table, name: str = "steps") -> Any:
@@ -47,7 +47,7 @@ def _send_upload(url: str, client: str, seq: int, table: pa.Table,
 
 def _steps_table(episode: str, n: int) -> pa.Table:
     env = gym.make("CartPole-v1")
-    observations = codec.sample_batch(env.observation_space, n + 1, seed=0)
+    observations = samples.sample_batch(env.observation_space, n + 1, seed=0)
     return pa.table({
         "episode_id": [episode] * n, "t": list(range(n)),
         "observation": codec.to_arrow(env.observation_space, observations[:-1]),

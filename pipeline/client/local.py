@@ -20,7 +20,7 @@ from pipeline.client import spool
 from pipeline.client.remote import opened
 from pipeline.client.transport import jsonable
 from pipeline.errors import SchemaError
-from pipeline.format import codec, layout, schema
+from pipeline.format import codec, layout, samples, schema
 from pipeline.policy.network import NumpyPolicy
 from pipeline.recording import batches, recorder
 from pipeline.recording.episode import Episode, Returns
@@ -117,7 +117,7 @@ class RowBuffer:
 def _row_bytes(observation_space: gym.Space[Any], action_space: gym.Space[Any]) -> int:
     """About the bytes of one step row: two observations, an action, and the rest (~100)."""
     sizes = [
-        codec.to_arrow(space, codec.sample_batch(space, 1, 0)).nbytes
+        codec.to_arrow(space, samples.sample_batch(space, 1, 0)).nbytes
         for space in (observation_space, action_space)
     ]
     return 2 * sizes[0] + sizes[1] + 128
@@ -248,7 +248,7 @@ class LocalInference:
     def _random_action(self) -> Any:
         """Uniform actions, drawn a thousand at a time (a draw per step costs more than a step)."""
         if not self._random:
-            batch = codec.sample_batch(self.action_space, 1000, int(self._rng.integers(2**63)))
+            batch = samples.sample_batch(self.action_space, 1000, int(self._rng.integers(2**63)))
             self._random = [batches.row_of(batch, i) for i in range(1000)]
         return self._random.pop()
 
