@@ -224,7 +224,7 @@ def _tls(args: argparse.Namespace) -> Tls | None:
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
-    from pipeline.dataset.writer import WriterConfig
+    from pipeline.dataset.writer_config import WriterConfig
     from server.config import ServerConfig
 
     observation_space = action_space = None

@@ -9,7 +9,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from pipeline.dataset.writer import WriterConfig
+from pipeline.dataset.writer_config import WriterConfig
 from pipeline.errors import ConfigError
 
 

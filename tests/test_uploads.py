@@ -96,7 +96,7 @@ def test_a_timed_upload_retried_after_a_restart_is_checked_within_its_times(
 def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path: Path) -> None:
     """Every upload rolls a shard and one rolled shard waiting is the limit: four clients
     uploading back to back soon meet a writer still writing a shard to Parquet."""
-    from pipeline.dataset.writer import WriterConfig
+    from pipeline.dataset.writer_config import WriterConfig
 
     data = tmp_path / "ds"
     writer = WriterConfig(max_rows=1, sync="background")

@@ -24,7 +24,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias, cast
 
@@ -37,63 +36,14 @@ from pipeline.dataset.location import locate
 from pipeline.dataset.recovery import Recovered, recover
 from pipeline.dataset.shard import date_of, first_date, write_shard
 from pipeline.dataset.wal import Segment, claim_log_dir, release_log_dir
-from pipeline.errors import ConfigError, DatasetError, StorageError
+from pipeline.dataset.writer_config import WriterConfig
+from pipeline.errors import DatasetError, StorageError
 from pipeline.format import checks, layout, schema
 from pipeline.format.manifest import open_manifest
 
 Columns: TypeAlias = Mapping[str, Any] | pa.RecordBatch | pa.Table
 
 
-@dataclass(frozen=True)
-class WriterConfig:
-    """When shards roll, and how hard the writer pushes back.
-
-    Attributes:
-        max_rows: rows per shard before it rolls.
-        max_bytes: bytes of log data (Arrow, or row lines) per shard before it rolls.
-        max_age_s: seconds a shard stays open; bounds how stale a following reader can be.
-        row_group_rows: Parquet row group size; smaller groups prune and shuffle better.
-        row_group_bytes: the most bytes (in Arrow, before encoding) of a row group: groups of
-            large rows (camera frames: 131,072 of them are 2.7 GB) hold fewer rows.
-        max_pending_shards: rolled shards waiting to be written before appends wait.
-        sync: when an append is acknowledged. ``"always"``: after its rows are fsynced to the log,
-            so they survive a power cut as well as a crash of this process. ``"background"``:
-            once its rows are written to the log file, which the OS keeps through a ``kill -9``
-            or any other death of this process; the log is fsynced every ``sync_interval_s``, so
-            a power cut or kernel crash can lose at most that window. A disk sync costs 1-4 ms
-            here, so ``"background"`` is what lets a server answer a step in well under that.
-        sync_interval_s: how often ``"background"`` fsyncs the log.
-    """
-
-    max_rows: int = 1_000_000
-    max_bytes: int = 256 * 2**20
-    max_age_s: float = 5.0
-    row_group_rows: int = 131_072
-    row_group_bytes: int = 64 * 2**20
-    max_pending_shards: int = 4
-    sync: str = "always"
-    sync_interval_s: float = 0.05
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_rows",
-            "max_bytes",
-            "row_group_rows",
-            "row_group_bytes",
-            "max_pending_shards",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError("WriterConfig", name, "an integer >= 1", value)
-        for name in ("max_age_s", "sync_interval_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-                raise ConfigError("WriterConfig", name, "a number of seconds > 0", value)
-        if self.sync not in SYNC_MODES:
-            raise ConfigError("WriterConfig", "sync", f"one of {SYNC_MODES}", self.sync)
-
-
-SYNC_MODES = ("always", "background")
 # A test hook: with this variable set, the writer kills its own process (SIGKILL) right after
 # writing a shard's file and before committing it, the moment recovery must commit exactly once.
 KILL_AFTER_SHARD_WRITE = "RLPIPE_TEST_KILL_AFTER_SHARD_WRITE"

@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 
 from pipeline.dataset.damage import READ_ERRORS
 from pipeline.dataset.location import Location, locate
-from pipeline.dataset.writer import DatasetWriter, WriterConfig
+from pipeline.dataset.writer import DatasetWriter
+from pipeline.dataset.writer_config import WriterConfig
 from pipeline.errors import DamagedFileError, DatasetError
 from pipeline.format import layout
 from pipeline.format.manifest import create_manifest, read_manifest
