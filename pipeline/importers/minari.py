@@ -37,6 +37,7 @@ from pipeline.importers.minari_files import (
     Spaces,
     arrow_episodes,
     hdf5_episodes,
+    json_file,
     plain,
 )
 from pipeline.importers.transitions import SourceSteps
@@ -93,10 +94,12 @@ def read_minari(src: str | Path) -> MinariSource:
 def _locate(src: Path) -> tuple[Path, dict[str, Any]]:
     """The directory (or HDF5 file) that holds the episodes, and the dataset's metadata."""
     if src.is_file():  # an HDF5 file named directly
-        beside = _json(src.parent / "metadata.json") or _json(src.parent.parent / "metadata.json")
+        beside = json_file(src.parent / "metadata.json") or json_file(
+            src.parent.parent / "metadata.json"
+        )
         return src, _hdf5_attrs(src) | beside
     data_dir = src / "data" if (src / "data").is_dir() else src
-    metadata = _json(data_dir / "metadata.json") or _json(src / "metadata.json")
+    metadata = json_file(data_dir / "metadata.json") or json_file(src / "metadata.json")
     if (data_dir / HDF5_FILE).is_file():  # Minari before 0.5 kept metadata in its attributes
         return data_dir, _hdf5_attrs(data_dir / HDF5_FILE) | metadata
     if not metadata:
@@ -105,16 +108,6 @@ def _locate(src: Path) -> tuple[Path, dict[str, Any]]:
             f"writes it, and data/{HDF5_FILE})"
         )
     return data_dir, metadata
-
-
-def _json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        loaded = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise DatasetError(f"{path}: not JSON ({error})") from None
-    return loaded if isinstance(loaded, dict) else {}
 
 
 def _hdf5_attrs(path: Path) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def arrow_episodes(data_dir: Path, spaces: Spaces, file_format: str) -> Iterator
             ).to_table()
         except (pa.ArrowInvalid, OSError) as error:
             raise DatasetError(f"{where}: unreadable as {file_format} ({error})") from None
-        metadata = _json_file(directory / "metadata.json")
+        metadata = json_file(directory / "metadata.json")
         missing = [name for name in _FIELDS if name not in table.column_names]
         if missing:
             raise DatasetError(f"{where}: missing columns {missing}; found {table.column_names}")
@@ -259,7 +259,8 @@ def _decode_jpeg(frames: list[Any], where: str) -> np.ndarray:
     return np.stack(images)
 
 
-def _json_file(path: Path) -> dict[str, Any]:
+def json_file(path: Path) -> dict[str, Any]:
+    """A JSON object file's content; {} when there is no such file."""
     if not path.is_file():
         return {}
     try:
