@@ -11,6 +11,7 @@ module that noticed::
     │   ├── FormatVersionError  a dataset written in a format version this code does not read
     │   ├── StorageError        the dataset's disk refused a write (full, quota, I/O error)
     │   └── DamagedFileError    a file of a dataset whose bytes are not what was written
+    ├── TrainingError      a worker of a distributed training run failed, so the run stopped
     └── ServerError        the policy server refused a request, or could not be reached
         ├── RequestRejected     400, 413, 415: the request itself is wrong
         ├── Unauthorized        401: the token is missing or wrong
@@ -79,6 +80,11 @@ class SchemaError(RlpipeError, ValueError):
     @classmethod
     def single(cls, field: str, expected: str, got: str, row: int | None = None) -> SchemaError:
         return cls([Problem(field=field, expected=expected, got=got, row=row)])
+
+
+class TrainingError(RlpipeError):
+    """A worker (a rank) of a distributed training run died or failed, so the run stopped; the
+    message names the worker and says how to resume."""
 
 
 class DatasetError(RlpipeError):

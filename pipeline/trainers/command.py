@@ -7,6 +7,7 @@ torch is imported only when the command runs, so ``rlpipe --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,30 +93,117 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="online: stop after this many seconds without new rows",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="offline: train on N data-parallel ranks (torch.distributed; each reads its own "
+        "episodes of one table version, --batch-size rows per rank per update); started by "
+        "torchrun, the ranks it gives (default: 1, or WORLD_SIZE)",
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="offline: run the --workers ranks (default 2) as a Ray Train TorchTrainer, Ray "
+        "Data reading the table; on the Ray cluster at ADDRESS, else on one started here "
+        "(pip install 'rlpipe[ray]')",
+    )
     parser.set_defaults(command_module=__name__)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.dataset.location import locate
-    from pipeline.format.manifest import read_manifest
-    from pipeline.trainers import loop
-    from pipeline.trainers.runlog import RunLog
-
+    """Check the arguments, then train here, on ``--workers`` ranks, or on Ray."""
     if args.follow and args.algorithm not in ONLINE:
         raise ConfigError("train", "follow", f"an online algorithm {ONLINE}", args.algorithm)
     if not args.follow and args.algorithm not in OFFLINE:
         raise ConfigError("train", "algorithm", f"--follow, or one of {OFFLINE}", args.algorithm)
+    workers = _workers(args)
+    if args.run_dir is None:  # named once, here, for every rank
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        args.run_dir = Path("runs") / f"{args.algorithm}-{stamp}"
+    if args.ray is not None:
+        from pipeline.trainers import raytrain
+
+        return raytrain.fit(args, workers)
+    if workers > 1 and "WORLD_SIZE" not in os.environ:
+        from pipeline.trainers import distributed
+
+        return distributed.launch(args, workers, train)
+    return train(args)
+
+
+def _workers(args: argparse.Namespace) -> int:
+    """The ranks asked for: ``--workers``, else torchrun's WORLD_SIZE, else 2 on Ray, else 1."""
+    world = os.environ.get("WORLD_SIZE")
+    workers = args.workers
+    if workers is None:
+        workers = 2 if args.ray is not None else int(world) if world and world.isdigit() else 1
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError("train", "workers", "an integer >= 1", workers)
+    if (workers > 1 or args.ray is not None) and args.follow:
+        raise ConfigError(
+            "train",
+            "workers",
+            "1 learner with --follow (online training scales by simulators, not learners: "
+            "docs/distributed.md)",
+            f"{workers}{' on Ray' if args.ray is not None else ''}",
+        )
+    if world and args.ray is None and workers != int(world):
+        raise ConfigError("train", "workers", f"WORLD_SIZE={world}, as torchrun set it", workers)
+    return workers
+
+
+def train(args: argparse.Namespace, group: Any = None, **hooks: Any) -> int:
+    """Train in this process: alone, as a rank of torchrun or ``--workers`` (``group`` None:
+    from the environment), or as a Ray Train worker (its ``group``, and the loop's ``hooks``)."""
+    from pipeline.dataset.location import locate
+    from pipeline.format.manifest import read_manifest
+    from pipeline.trainers import loop, offline
+    from pipeline.trainers.distributed import Group
+    from pipeline.trainers.runlog import RunLog
+
+    group = Group.from_environment() if group is None else group
     options = storage_options("train", args.storage_option)
     manifest = read_manifest(locate(args.data, options))
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    run_dir = args.run_dir or Path("runs") / f"{args.algorithm}-{stamp}"
+    settings = _settings(args, manifest.env_id, options)
+    given = {name: getattr(args, name) for name, _, _ in _HYPERPARAMETERS}
+    trainer = make_trainer(
+        args.algorithm,
+        manifest.observation_space,
+        manifest.action_space,
+        seed=args.seed,
+        **{name: value for name, value in given.items() if value is not None},
+    )
+    if args.follow:
+        online = RunLog(settings.run_dir, f"{args.algorithm} online")
+        try:
+            last = loop.train_online(trainer, settings, online)
+        finally:
+            curve = online.close()
+        return _done(args, settings, last, curve)
+    ranks = f" on {group.world_size} ranks" if group.world_size > 1 else ""
+    log = RunLog(settings.run_dir, f"{args.algorithm} offline{ranks}") if group.main else None
+    if log is not None and ranks:
+        _say_scale(args.algorithm, trainer, settings.batch_size, group.world_size)
+    try:
+        last = offline.train_offline(trainer, settings, log, group, **hooks)
+    finally:
+        curve = log.close() if log is not None else None
+    return _done(args, settings, last, curve) if group.main else 0
+
+
+def _settings(args: argparse.Namespace, env_id: str | None, options: Any) -> Any:
+    from pipeline.trainers import loop
+
     default_batch = _BATCH_SIZE.get(args.algorithm, 256)
-    settings = loop.LoopSettings(
+    return loop.LoopSettings(
         data=args.data if "://" in args.data else Path(args.data),
         data_version=args.data_version,
         storage_options=options,
-        run_dir=run_dir,
-        env_id=args.env or manifest.env_id,
+        run_dir=args.run_dir,
+        env_id=args.env or env_id,
         follow=args.follow,
         stop_return=args.stop_return,
         max_seconds=args.max_seconds,
@@ -127,20 +215,19 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         include_untrained=args.include_untrained,
     )
-    given = {name: getattr(args, name) for name, _, _ in _HYPERPARAMETERS}
-    trainer = make_trainer(
-        args.algorithm,
-        manifest.observation_space,
-        manifest.action_space,
-        seed=args.seed,
-        **{name: value for name, value in given.items() if value is not None},
+
+
+def _say_scale(algorithm: str, trainer: Any, batch_size: int, ranks: int) -> None:
+    lr = getattr(trainer.config, "lr", None)
+    print(
+        f"{algorithm} on {ranks} ranks: {batch_size} rows per rank per update, effective "
+        f"batch size {batch_size * ranks}; lr {lr} (as given: not scaled with the ranks)",
+        file=sys.stderr,
     )
-    log = RunLog(run_dir, f"{args.algorithm} {'online' if args.follow else 'offline'}")
-    try:
-        train = loop.train_online if args.follow else loop.train_offline
-        last = train(trainer, settings, log)
-    finally:
-        curve = log.close()
+
+
+def _done(args: argparse.Namespace, settings: Any, last: dict[str, Any], curve: Any) -> int:
+    run_dir = settings.run_dir
     where = Path(settings.data) if args.follow and "://" not in args.data else run_dir
     print(
         f"trained {args.algorithm}: version {last['version']} in {where / 'checkpoints'}; "

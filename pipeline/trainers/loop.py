@@ -1,8 +1,7 @@
 """The training loops behind ``rlpipe train``: offline from history, online from a live dataset.
 
-Offline, the dataset is read once, as whole episodes, and minibatches are sampled from it; every
-``eval_every`` updates a checkpoint goes to ``RUN/checkpoints`` (never into the dataset, which may
-be a shipped one) and is evaluated in gymnasium when the env is known.
+Offline (:mod:`pipeline.trainers.offline`, on one rank or several), the dataset is read once and
+minibatches are sampled from it; this module holds what both share (:class:`Run`).
 
 Online (``follow``), checkpoints go to ``DATASET/checkpoints`` (``RUN/checkpoints`` for a dataset
 on object storage), where the server and the clients pick up the newest; the first before any
@@ -38,13 +37,14 @@ import numpy as np
 
 from pipeline.dataset.batch import Batch
 from pipeline.dataset.reader import InputReader
-from pipeline.errors import ConfigError, DatasetError
+from pipeline.errors import ConfigError
 from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.trainers import state, validation
 from pipeline.trainers.buffer import ReplayBuffer
+from pipeline.trainers.distributed import SINGLE, Group
 from pipeline.trainers.evaluation import evaluate as evaluate_policy
 from pipeline.trainers.runlog import RunLog
-from pipeline.trainers.trainer import OnPolicy, RefreshesTargets, Trainer
+from pipeline.trainers.trainer import OnPolicy, Trainer
 
 STATE_EVERY_S = 10.0  # online PPO publishes several versions a second; its state needn't follow
 POLL_S = 0.02  # how often a follower lists the dataset: a small part of an update
@@ -103,11 +103,13 @@ class LoopSettings:
         return None if self.include_untrained else True
 
 
-class _Run:
+class Run:
     """What both loops share: the clock, the version counter, checkpoints, state and the log."""
 
-    def __init__(self, trainer: Trainer, settings: LoopSettings, log: RunLog) -> None:
-        self.trainer, self.settings, self.log = trainer, settings, log
+    def __init__(
+        self, trainer: Trainer, settings: LoopSettings, log: RunLog | None, group: Group = SINGLE
+    ) -> None:
+        self.trainer, self.settings, self.log, self.group = trainer, settings, log, group
         # online on a local dataset, where the server looks; else (offline, or a dataset on
         # object storage: serve it with --policy RUN/checkpoints) the run's own directory
         local = "://" not in str(settings.data)
@@ -133,6 +135,8 @@ class _Run:
         self.rng = np.random.default_rng(settings.seed)  # offline's minibatch sampler
         if self.progress.sampler is not None:
             self.rng.bit_generator.state = self.progress.sampler
+        if group.world_size > 1:
+            self._join(group)
         self._delivered = self.progress.shards  # shards the reader has yielded all rows of
         self._data_version = self.progress.data_version  # the table version they were read at
         self.start = self.saved = time.monotonic()
@@ -140,8 +144,19 @@ class _Run:
         # a few ms of each online PPO update otherwise (more when other processes write)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._written: Future[Path] | None = None
+        self.last_written: Path | None = None  # the newest checkpoint written
 
-    def __enter__(self) -> _Run:
+    def _join(self, group: Group) -> None:
+        """Start every rank from rank 0's weights and counters (its state file, when resumed,
+        need not be on the others' disks); each other rank samples from its own seed."""
+        arrays, self.updates, self.version = group.from_main(
+            (self.trainer.state_dict(), self.updates, self.version) if group.main else None
+        )
+        if not group.main:
+            self.trainer.load_state_dict(arrays)
+            self.rng = np.random.default_rng([self.settings.seed, group.rank, self.updates])
+
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -165,12 +180,14 @@ class _Run:
             values["eval_return"] = evaluate_policy(
                 checkpoint, self.settings.env_id, self.settings.eval_episodes, self.settings.seed
             )
-        return self.log.record(**values)
+        return self.log.record(**values) if self.log is not None else values
 
-    def wait_written(self) -> None:
+    def wait_written(self) -> Path | None:
+        """Wait for the checkpoint being written, raise its error; its path."""
         written, self._written = self._written, None
         if written is not None:
-            written.result()
+            self.last_written = written.result()
+        return self.last_written
 
     def save_state(self) -> None:
         """Save the trainer's state with the run's progress: its updates, version, sampler and
@@ -214,12 +231,13 @@ class _Run:
             training_enabled=s.training_enabled,
             skip_shards=tuple(self.progress.shards),
             version=self.progress.data_version if resumed else s.data_version,
-            storage_options=_options(s),
+            storage_options=reader_options(s),
             **filters,
         )
         for batch in reader:
             delivered = reader.shards_read
-            self.log.read(sorted(delivered - self._delivered), len(batch), reader.version)
+            if self.log is not None:
+                self.log.read(sorted(delivered - self._delivered), len(batch), reader.version)
             self._delivered, self._data_version = delivered, reader.version
             yield batch
 
@@ -232,45 +250,12 @@ class _Run:
         )
 
 
-def train_offline(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
-    run = _Run(trainer, settings, log)
-    pinned = run.progress.data_version
-    reader = InputReader(
-        settings.data,
-        episodes=True,
-        training_enabled=settings.training_enabled,
-        version=settings.data_version if pinned is None else pinned,  # resumed: its own
-        storage_options=_options(settings),
-    )
-    data = Batch.concat(reader)
-    log.read(sorted(reader.shards_read), len(data), reader.version)
-    run._data_version = reader.version  # a resumed run reads this version again
-    if not len(data):
-        which = "rows" if settings.include_untrained else "training_enabled rows"
-        raise DatasetError(f"{settings.data}: no {which} to train on")
-    rows = data
-    with run:
-        while True:
-            if isinstance(trainer, RefreshesTargets) and (
-                rows is data or run.updates % settings.eval_every == 0
-            ):  # e.g. MARWIL's returns bootstrap truncations from V: refresh them as V learns
-                rows = trainer.with_targets(data)
-            metrics = trainer.update(rows[run.rng.integers(len(rows), size=settings.batch_size)])
-            run.updates += 1
-            if run.updates % settings.eval_every == 0 or run.finished(None):
-                entry = run.publish({"rows": len(data), **metrics})
-                if run.finished(entry.get("eval_return")):
-                    return entry
-            elif time.monotonic() - run.saved >= STATE_EVERY_S:
-                run.save_state()
-
-
-def _options(settings: LoopSettings) -> dict[str, str] | None:
+def reader_options(settings: LoopSettings) -> dict[str, str] | None:
     return dict(settings.storage_options) if settings.storage_options else None
 
 
 def train_online(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[str, Any]:
-    with _Run(trainer, settings, log) as run:
+    with Run(trainer, settings, log) as run:
         entry = run.publish({}, evaluate=False)  # a version for clients to act with at once
         try:
             if isinstance(trainer, OnPolicy):
@@ -280,7 +265,7 @@ def train_online(trainer: Trainer, settings: LoopSettings, log: RunLog) -> dict[
             run.save_state()
 
 
-def _online_rollouts(run: _Run, trainer: OnPolicy, entry: dict[str, Any]) -> dict[str, Any]:
+def _online_rollouts(run: Run, trainer: OnPolicy, entry: dict[str, Any]) -> dict[str, Any]:
     """On-policy (PPO): an update on the rows acted by this run's versions since the last
     update, as soon as there are ``batch_size`` of them (the newest ``MAX_BATCHES * batch_size``
     when more came), and a version published after each, since the next rows should come from it.
@@ -385,7 +370,7 @@ class EpisodeReturns:
         return float(np.mean(self.recent)) if self.recent else None
 
 
-def _online_transitions(run: _Run, entry: dict[str, Any]) -> dict[str, Any]:
+def _online_transitions(run: Run, entry: dict[str, Any]) -> dict[str, Any]:
     """Off-policy (and BC-like) trainers: a replay buffer of everything read, sampled.
 
     Each look at the dataset adds every row committed since the last one, then makes

@@ -20,6 +20,7 @@ from torch import nn
 from pipeline.errors import ConfigError
 from pipeline.format import flattening
 from pipeline.policy.checkpoint import LOG_STD_MAX, LOG_STD_MIN, Checkpoint, ModelSpec
+from pipeline.trainers.distributed import average_gradients
 
 
 class MLP(nn.Module):
@@ -110,9 +111,11 @@ def box_bounds(space: gym.spaces.Box) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def gradient_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    """One optimizer step down ``loss``'s gradient."""
+    """One optimizer step down ``loss``'s gradient; in a data-parallel run, down the gradient
+    averaged over every rank's minibatch (:mod:`pipeline.trainers.distributed`)."""
     optimizer.zero_grad()
     loss.backward()
+    average_gradients(optimizer)
     optimizer.step()
 
 

@@ -60,9 +60,11 @@ class RunLog:
         self.progress(entry)
         return entry
 
-    def read(self, shards: list[str], rows: int, data_version: int | None = None) -> None:
+    def read(
+        self, shards: list[str], rows: int, data_version: int | None = None, **extra: Any
+    ) -> None:
         """Log a batch read from the dataset: its rows, the shards whose rows it brought, and
-        the table version read up to."""
+        the table version read up to; ``extra`` fields follow (a rank's, in a distributed run)."""
         if self._reads is None:
             self._reads = (self.run_dir / READS_FILE).open("a", encoding="utf-8")
         seconds = round(time.monotonic() - self._start, 3)
@@ -72,6 +74,7 @@ class RunLog:
             "rows": rows,
             "shards": shards,
             "data_version": data_version,
+            **extra,
         }
         self._reads.write(json.dumps(line) + "\n")
         self._reads.flush()

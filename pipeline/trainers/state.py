@@ -151,3 +151,12 @@ class Progress:
             return cls(**{**fields, "shards": frozenset(fields["shards"])})
         except (ValueError, TypeError, KeyError) as error:
             raise DatasetError(f"{path}: unreadable {PROGRESS} ({error!r})") from None
+
+
+def saved_data_version(run_dir: str | Path) -> int | None:
+    """The table version a run in ``run_dir`` read, when it saved a state: a resumed run reads
+    it again; None for a new run."""
+    path = Path(run_dir) / STATE_FILE
+    if not path.exists():
+        return None
+    return Progress.pop(load_state(path), path).data_version

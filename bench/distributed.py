@@ -1,0 +1,96 @@
+"""Data-parallel training benchmark: BC updates and samples per second on 1 and 2 gloo ranks
+(one torch thread each) and on 2 Ray Train workers, through ``rlpipe train`` itself.
+
+Each configuration trains BC on ``datasets/cartpole-expert`` (25,000 rows; 256 rows per rank
+per update) for ``3 * --updates`` updates, publishing and evaluating every ``--updates``; the
+rate is taken between publications (rank 0's ``metrics.jsonl``), the best of the two intervals,
+so process start-up, Ray's scheduling and the data read are left out, and each interval holds one
+checkpoint, one state save and one evaluation episode. Samples per second are updates per second
+times the effective batch size (rows per rank times ranks).
+
+Keys: ``ddp2_vs_1_samples_per_s`` (bar >= 1.4: two ranks on two cores against one) and
+``ray2_vs_ddp2_samples_per_s`` (bar >= 0.7: Ray's overhead against plain DDP). On a machine shared
+with other work the figures are noisy; ``machine_speed_s`` says how loaded it was.
+Run: ``python bench/distributed.py [--updates N] [--no-ray]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import machine_speed, report
+
+from pipeline.commands.cli import main as rlpipe
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one torch thread per rank, the single one too
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "datasets" / "cartpole-expert"
+BATCH = 256
+
+
+def rate(run_dir: Path, workers: int, updates: int, ray: bool = False) -> tuple[float, float]:
+    """Updates and samples per second of one configuration."""
+    argv = ["train", "bc", "--data", str(DATA), "--run-dir", str(run_dir), "--batch-size",
+            str(BATCH), "--max-updates", str(3 * updates), "--eval-every", str(updates),
+            "--eval-episodes", "1", "--workers", str(workers)]  # fmt: skip
+    if rlpipe([*argv, "--ray"] if ray else argv) != 0:
+        raise SystemExit(f"rlpipe train failed: {argv}")
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    seconds = min(b["seconds"] - a["seconds"] for a, b in itertools.pairwise(lines))
+    per_s = updates / seconds
+    return per_s, per_s * BATCH * workers
+
+
+def start_ray() -> object:
+    import ray
+    import ray.data
+
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="ray.data.context")
+        ray.data.DataContext.get_current()
+    return ray
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=2000, help="updates per measured interval")
+    parser.add_argument("--no-ray", action="store_true", help="leave out the Ray workers")
+    args = parser.parse_args()
+    speed = machine_speed()
+    figures: dict[str, float | None] = {"machine_speed_s": speed}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, workers in (("ddp1", 1), ("ddp2", 2)):
+            updates, samples = rate(Path(tmp) / name, workers, args.updates)
+            figures |= {f"{name}_updates_per_s": updates, f"{name}_samples_per_s": samples}
+        if not args.no_ray:
+            ray = start_ray()
+            try:
+                updates, samples = rate(Path(tmp) / "ray2", 2, args.updates, ray=True)
+            finally:
+                ray.shutdown()  # type: ignore[attr-defined]
+            figures |= {"ray2_updates_per_s": updates, "ray2_samples_per_s": samples}
+    figures["ddp2_vs_1_samples_per_s"] = (
+        figures["ddp2_samples_per_s"] / figures["ddp1_samples_per_s"]
+    )  # type: ignore[operator]
+    ray2 = figures.get("ray2_samples_per_s")
+    figures["ray2_vs_ddp2_samples_per_s"] = (
+        None if ray2 is None else ray2 / figures["ddp2_samples_per_s"]
+    )  # type: ignore[operator]
+    for key, value in figures.items():
+        print(f"{key}: {value if value is None else f'{value:,.3f}'}", file=sys.stderr)
+    report(figures)
+
+
+if __name__ == "__main__":
+    main()
