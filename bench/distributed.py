@@ -35,20 +35,22 @@ from pipeline.commands.cli import main as rlpipe
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one torch thread per rank, the single one too
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "datasets" / "cartpole-expert"
-BATCH = 256
+BATCH = 256  # rows per rank per update (--batch-size)
 
 
-def rate(run_dir: Path, workers: int, updates: int, ray: bool = False) -> tuple[float, float]:
+def rate(
+    run_dir: Path, workers: int, updates: int, batch: int, ray: bool = False
+) -> tuple[float, float]:
     """Updates and samples per second of one configuration."""
     argv = ["train", "bc", "--data", str(DATA), "--run-dir", str(run_dir), "--batch-size",
-            str(BATCH), "--max-updates", str(3 * updates), "--eval-every", str(updates),
+            str(batch), "--max-updates", str(3 * updates), "--eval-every", str(updates),
             "--eval-episodes", "1", "--workers", str(workers)]  # fmt: skip
     if rlpipe([*argv, "--ray"] if ray else argv) != 0:
         raise SystemExit(f"rlpipe train failed: {argv}")
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     seconds = min(b["seconds"] - a["seconds"] for a, b in itertools.pairwise(lines))
     per_s = updates / seconds
-    return per_s, per_s * BATCH * workers
+    return per_s, per_s * batch * workers
 
 
 def start_ray() -> object:
@@ -65,18 +67,21 @@ def start_ray() -> object:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=2000, help="updates per measured interval")
+    parser.add_argument("--batch-size", type=int, default=BATCH, help="rows per rank per update")
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray workers")
     args = parser.parse_args()
     speed = machine_speed()
     figures: dict[str, float | None] = {"machine_speed_s": speed}
     with tempfile.TemporaryDirectory() as tmp:
         for name, workers in (("ddp1", 1), ("ddp2", 2)):
-            updates, samples = rate(Path(tmp) / name, workers, args.updates)
+            updates, samples = rate(Path(tmp) / name, workers, args.updates, args.batch_size)
             figures |= {f"{name}_updates_per_s": updates, f"{name}_samples_per_s": samples}
         if not args.no_ray:
             ray = start_ray()
             try:
-                updates, samples = rate(Path(tmp) / "ray2", 2, args.updates, ray=True)
+                updates, samples = rate(
+                    Path(tmp) / "ray2", 2, args.updates, args.batch_size, ray=True
+                )
             finally:
                 ray.shutdown()  # type: ignore[attr-defined]
             figures |= {"ray2_updates_per_s": updates, "ray2_samples_per_s": samples}

@@ -153,17 +153,29 @@ def launch(
     import torch.multiprocessing as mp
 
     port = _free_port()
+    context = mp.start_processes(
+        _rank_main,
+        args=(workers, port, target, args),
+        nprocs=workers,
+        join=False,
+        start_method="spawn",
+    )
     try:
-        mp.start_processes(
-            _rank_main,
-            args=(workers, port, target, args),
-            nprocs=workers,
-            join=True,
-            start_method="spawn",
-        )
-    except mp.ProcessExitedException as error:
-        raise TrainingError(_exit_reason(error.error_index, workers, error.exit_code)) from None
-    except mp.ProcessRaisedException as error:
+        while not context.join():
+            pass
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as error:
+        # the rank that died first, not one whose collective failed because it did
+        killed = [
+            (rank, process.exitcode)
+            for rank, process in enumerate(context.processes)
+            if process.exitcode is not None
+            and process.exitcode < 0
+            and process.exitcode != -signal.SIGTERM  # the ones torch ended
+        ]
+        if killed:
+            raise TrainingError(_exit_reason(*killed[0], workers)) from None
+        if isinstance(error, mp.ProcessExitedException):
+            raise TrainingError(_exit_reason(error.error_index, error.exit_code, workers)) from None
         raise TrainingError(
             f"rank {error.error_index} of {workers} failed, so the run stopped:\n{error}"
         ) from None
@@ -196,7 +208,7 @@ def _rank_main(
         sys.exit(code)
 
 
-def _exit_reason(rank: int, workers: int, code: int | None) -> str:
+def _exit_reason(rank: int, code: int | None, workers: int) -> str:
     if code is not None and code < 0:
         how = f"was killed by {signal.Signals(-code).name}"
     else:

@@ -44,29 +44,22 @@ def read_offline(settings: LoopSettings, group: Group, pinned: int | None) -> Of
     """This rank's whole episodes of one table version: ``pinned`` (a resumed run's), else
     ``settings.data_version``, else the latest as rank 0 found it, so every rank reads the same
     version and together they read each of its rows once (InputReader splits by episode id)."""
+
+    def open_reader(version: int | None) -> InputReader:
+        return InputReader(
+            settings.data,
+            episodes=True,
+            training_enabled=settings.training_enabled,
+            version=version,
+            rank=group.rank,
+            world_size=group.world_size,
+            storage_options=reader_options(settings),
+        )
+
     version = settings.data_version if pinned is None else pinned
-    reader = None
-    if group.main or version is not None:
-        reader = InputReader(
-            settings.data,
-            episodes=True,
-            training_enabled=settings.training_enabled,
-            version=version,
-            rank=group.rank,
-            world_size=group.world_size,
-            storage_options=reader_options(settings),
-        )
+    reader = open_reader(version) if group.main or version is not None else None
     version = group.from_main(reader.version if reader is not None else None)
-    if reader is None:
-        reader = InputReader(
-            settings.data,
-            episodes=True,
-            training_enabled=settings.training_enabled,
-            version=version,
-            rank=group.rank,
-            world_size=group.world_size,
-            storage_options=reader_options(settings),
-        )
+    reader = reader if reader is not None else open_reader(version)
     rows = Batch.concat(reader)
     return OfflineData(rows, sorted(reader.shards_read), reader.version)
 
@@ -134,6 +127,10 @@ def _due(run: Run, group: Group) -> bool:
 def _log_reads(run: Run, data: OfflineData) -> None:
     """Rank 0 logs what every rank read: its rows, episodes and their digest (the digests of
     the ranks add up to the version's own when each row was read once, by one rank)."""
+    if run.group.world_size == 1:
+        if run.log is not None:
+            run.log.read(data.shards, len(data.rows), data.version)
+        return
     episodes = len(np.unique(np.asarray(data.rows.episode_ids))) if len(data.rows) else 0
     counts = (len(data.rows), episodes, distributed.row_digest(data.rows))
     everyone = run.group.gather(counts)
@@ -141,7 +138,7 @@ def _log_reads(run: Run, data: OfflineData) -> None:
         return
     for rank, (rows, episodes, digest) in enumerate(everyone):
         ranked = {"rank": rank, "episodes": episodes, "row_digest": str(digest)}
-        run.log.read(data.shards, rows, data.version, **(ranked if len(everyone) > 1 else {}))
+        run.log.read(data.shards, rows, data.version, **ranked)
 
 
 def _scale(trainer: Trainer, settings: LoopSettings, group: Group) -> dict[str, Any]:

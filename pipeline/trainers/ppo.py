@@ -46,6 +46,7 @@ from pipeline.dataset.batch import Batch
 from pipeline.format import flattening
 from pipeline.policy.checkpoint import Checkpoint
 from pipeline.trainers import state, validation
+from pipeline.trainers.distributed import average_gradients
 from pipeline.trainers.networks import (
     MLP,
     PolicyNetwork,
@@ -228,6 +229,7 @@ class PPO:
             loss = loss - c.ent_coef * entropy_loss
         self.optimizer.zero_grad()
         loss.backward()
+        average_gradients(self.optimizer)  # across data-parallel ranks, when there are any
         # the policy's and the value's gradients clipped apart: under one joint norm, a value
         # spike (a long episode's unforeseen fall) shrinks the policy's step to nothing. Measured
         # on CartPole, rows two versions stale, 16 seeds: env steps to 475 within 19k-33k apart,
