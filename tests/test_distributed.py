@@ -184,3 +184,28 @@ def test_bc_on_two_ray_workers_serves_the_same_return(
         np.load(reported[0])["pi.0.weight"],
         np.load(run_dir / "checkpoints" / "policy-00000001.npz")["pi.0.weight"],
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (  # as Ray Train 2.60 words it when `kill -9` ends worker 1 (checked by hand)
+            "Training failed due to worker errors:\n[Rank 0 Error Snippet]:\nRuntimeError: "
+            "[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer\n"
+            "[Rank 1 Error Snippet]:\nray.exceptions.ActorDiedError: The actor died "
+            "unexpectedly before finishing this task.\n",
+            "Ray Train worker rank 1 died",
+        ),
+        (
+            "Training failed due to worker errors:\n[Rank 0,1 Error Snippet]:\nTraceback\n"
+            "pipeline.errors.DatasetError: ds: no rows to train on\n",
+            "Ray Train worker rank 0,1 failed (pipeline.errors.DatasetError: ds: no rows to train "
+            "on)",
+        ),
+        ("placement group timed out\nmore", "Ray Train failed (placement group timed out)"),
+    ],
+)
+def test_a_failed_ray_run_names_the_worker(text: str, reason: str) -> None:
+    from pipeline.trainers.raytrain import _ray_reason
+
+    assert _ray_reason(RuntimeError(text)) == reason

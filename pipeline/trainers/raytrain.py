@@ -19,6 +19,7 @@ A worker that dies fails the run (``FailureConfig(max_failures=0)``): started ag
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -65,8 +66,8 @@ def fit(args: argparse.Namespace, workers: int) -> int:
             result = trainer.fit()
         except Exception as error:  # Ray's TrainingFailedError and what it wraps
             raise TrainingError(
-                f"a Ray Train worker failed, so the run stopped ({_first_line(error)}); start it "
-                "again with the same --run-dir to resume from its last saved state"
+                f"{_ray_reason(error)}, so the run stopped; start it again with the same "
+                "--run-dir to resume from its last saved state"
             ) from None
     finally:
         if started:
@@ -177,9 +178,20 @@ def _absolute(args: argparse.Namespace) -> argparse.Namespace:
     return copy
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
+def _ray_reason(error: BaseException) -> str:
+    """Which worker failed and how, from Ray Train's error (a snippet per rank): the rank whose
+    process died, as the others' collectives then fail too; else the first rank's last error."""
+    parts = re.split(r"\[Rank ([\d,]+) Error Snippet\]:", str(error))
+    snippets = list(zip(parts[1::2], parts[2::2], strict=True))
+    for ranks, text in snippets:
+        if "ActorDiedError" in text or "worker process has died" in text:
+            return f"Ray Train worker rank {ranks} died"
+    for ranks, text in snippets:
+        errors = re.findall(r"^(?:\w+\.)*\w*(?:Error|Exception)\b.*$", text, re.MULTILINE)
+        if errors:
+            return f"Ray Train worker rank {ranks} failed ({errors[-1].strip()})"
+    lines = str(error).strip().splitlines()
+    return f"Ray Train failed ({lines[0] if lines else type(error).__name__})"
 
 
 def _import_ray() -> Any:
