@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import zlib
 from collections.abc import Callable
@@ -152,10 +151,12 @@ def launch(
     with a message naming it (torch.multiprocessing watches them, never waiting on a dead one)."""
     import torch.multiprocessing as mp
 
-    port = _free_port()
+    # the ranks meet at a store this process holds on a port the OS picked, as torchrun's agent
+    # does (TORCHELASTIC_USE_AGENT_STORE): no port is probed free, then taken by another process
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     context = mp.start_processes(
         _rank_main,
-        args=(workers, port, target, args),
+        args=(workers, store.port, target, args),
         nprocs=workers,
         join=False,
         start_method="spawn",
@@ -195,6 +196,7 @@ def _rank_main(
         WORLD_SIZE=str(workers),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
     )
     try:
         code = target(args)
@@ -217,13 +219,6 @@ def _exit_reason(rank: int, code: int | None, workers: int) -> str:
         f"rank {rank} of {workers} {how}, so the run stopped (the other ranks were ended); "
         "start it again with the same --run-dir to resume from its last saved state"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _int_variable(name: str) -> int:
