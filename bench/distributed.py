@@ -10,7 +10,9 @@ times the effective batch size (rows per rank times ranks).
 
 Keys: ``ddp2_vs_1_samples_per_s`` (bar >= 1.4: two ranks on two cores against one) and
 ``ray2_vs_ddp2_samples_per_s`` (bar >= 0.7: Ray's overhead against plain DDP). On a machine shared
-with other work the figures are noisy; ``machine_speed_s`` says how loaded it was.
+with other work the figures are noisy; ``machine_speed_s`` says how loaded it was, and
+``parallel_headroom_before``/``_after`` how much two processes could gain over one at all (2.0
+on two idle cores), measured before and after the runs.
 Run: ``python bench/distributed.py [--updates N] [--no-ray]``.
 """
 
@@ -19,11 +21,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -53,6 +57,26 @@ def rate(
     return per_s, per_s * batch * workers
 
 
+def _probe(out: Any) -> None:
+    out.put(machine_speed())
+
+
+def parallel_headroom() -> float:
+    """How much faster two processes get work done than one, right now: 2 x the probe's time
+    alone over its time with two running at once. 2.0 on two idle cores; on a machine whose other
+    jobs hold a core, near 1.0, and no count of ranks can beat it."""
+    context = multiprocessing.get_context("spawn")
+    out = context.SimpleQueue()
+    alone = machine_speed()
+    probes = [context.Process(target=_probe, args=(out,)) for _ in range(2)]
+    for probe in probes:
+        probe.start()
+    for probe in probes:
+        probe.join()
+    together = max(out.get() for _ in probes)
+    return 2 * alone / together
+
+
 def start_ray() -> object:
     import ray
     import ray.data
@@ -72,6 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     speed = machine_speed()
     figures: dict[str, float | None] = {"machine_speed_s": speed}
+    figures["parallel_headroom_before"] = parallel_headroom()
     with tempfile.TemporaryDirectory() as tmp:
         for name, workers in (("ddp1", 1), ("ddp2", 2)):
             updates, samples = rate(Path(tmp) / name, workers, args.updates, args.batch_size)
@@ -85,6 +110,7 @@ def main() -> None:
             finally:
                 ray.shutdown()  # type: ignore[attr-defined]
             figures |= {"ray2_updates_per_s": updates, "ray2_samples_per_s": samples}
+    figures["parallel_headroom_after"] = parallel_headroom()
     figures["ddp2_vs_1_samples_per_s"] = (
         figures["ddp2_samples_per_s"] / figures["ddp1_samples_per_s"]
     )  # type: ignore[operator]
