@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
+from stored import read_steps
 
 from pipeline.client import PolicyClient
 from pipeline.errors import SchemaError
@@ -40,7 +41,7 @@ def test_interleaved_episodes_and_small_uploads_give_the_known_rows(tmp_path: Pa
         client.end_episode(b, _observation(1, 7), truncated=True)
         assert client.flush(10)
         client.close()
-    steps = pd.read_parquet(data / "steps").sort_values(["episode_id", "t"])
+    steps = read_steps(data).sort_values(["episode_id", "t"])
     mine_a, mine_b = steps[steps["episode_id"] == "a"], steps[steps["episode_id"] == "b"]
     assert mine_a["t"].tolist() == list(range(7)) and mine_b["t"].tolist() == list(range(7))
     assert mine_a["action"].tolist() == chosen and mine_b["action"].tolist() == [0, 1] * 3 + [0]
@@ -73,7 +74,7 @@ def test_a_long_episode_outgrows_the_buffer_and_nothing_is_lost(tmp_path: Path) 
             client.log_returns(episode, 1)
         client.end_episode(episode, _observation(0, 2500), truncated=True)
         assert client.close(10)
-    steps = pd.read_parquet(data / "steps").sort_values("t")
+    steps = read_steps(data).sort_values("t")
     assert steps["t"].tolist() == list(range(2500))
     assert [o[1] for o in steps["next_observation"]] == list(range(1, 2501))
 

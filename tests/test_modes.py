@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_fixtures import Running, cartpole_config, running_server
+from stored import read_steps
 
 from pipeline.client import PolicyClient
 from pipeline.client.vector import step_many
@@ -262,7 +263,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, 
 def stored(running: Running, data: Path, episode_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     running.service.writer.flush()
     where = [("episode_id", "==", episode_id)]
-    steps = pd.read_parquet(data / "steps", filters=where) if (data / "steps").exists() else None
+    steps = read_steps(data) if (data / "steps").exists() else None
+    steps = None if steps is None else steps[steps["episode_id"] == episode_id]
     episodes = pd.read_parquet(data / "episodes", filters=where)
     if steps is None or not len(steps):
         steps = pd.DataFrame(columns=["agent_id", "t"])

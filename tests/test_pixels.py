@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from server_fixtures import running_server
 
-from pipeline import WriterConfig
+from pipeline import InputReader, WriterConfig
 from pipeline.client import PolicyClient
 from pipeline.client import binary as client_binary
 from pipeline.dataset import discovery
@@ -95,22 +95,30 @@ def test_remote_frames_travel_as_arrow_and_store_the_frames_sent(tmp_path: Path)
         assert len(client.step_many(ids, frames[:3], starts=[{}] * 3)) == 3
         assert client.step_many(ids, frames[3:6], terminated=[True] * 3) == [None] * 3
         assert client.close()
-    steps = pd.read_parquet(data / "steps").sort_values(["episode_id", "t"])
-    one = steps[steps["episode_id"] == "one"]
-    assert one["t"].tolist() == [0, 1, 2, 3]
-    assert one["action"].tolist()[-1] == 2
-    for t in range(4):
-        assert np.array_equal(_frame(one["observation"].iloc[t]), frames[t])
-        assert np.array_equal(_frame(one["next_observation"].iloc[t]), frames[t + 1])
-    vector = steps[steps["episode_id"].isin(ids)]
-    assert len(vector) == 3
-    for i, row in enumerate(vector.itertuples()):
-        assert np.array_equal(_frame(row.observation), frames[i])
+    batch = InputReader(data, batch_size=100, columns=_COLUMNS).next()
+    order = np.lexsort((batch.ts, batch.episode_ids))
+    ids_of, ts, observations, following = (
+        batch.episode_ids[order],
+        batch.ts[order],
+        batch.observations[order],
+        batch.next_observations[order],
+    )
+    one = np.flatnonzero(ids_of == "one")
+    assert ts[one].tolist() == [0, 1, 2, 3]
+    for t, row in enumerate(one):
+        assert np.array_equal(observations[row], frames[t])
+        assert np.array_equal(following[row], frames[t + 1])
+    vector = np.flatnonzero(np.isin(ids_of, ids))
+    assert [np.array_equal(observations[row], frames[i]) for i, row in enumerate(vector)] == [
+        True
+    ] * 3
+    stored = pd.read_parquet(data / "steps")
+    assert stored["observation"].map(len).eq(FRAME_BYTES).all()  # raw bytes, one value a row
+    # each frame once: only each episode's last row carries its next observation
+    assert stored["next_observation"].notna().sum() == 4
 
 
-def _frame(stored: object) -> np.ndarray:
-    """A frame as the step table's column holds it (flattened in C order)."""
-    return np.asarray(stored).reshape(FRAME.shape)
+_COLUMNS = ("episode_id", "t", "observation", "next_observation")
 
 
 def test_a_snapshot_keeps_a_pending_frame_as_its_bytes_and_gives_it_back() -> None:

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from conftest import play_client
 from server_fixtures import cartpole_config, free_port, kill, running_server, start_serve_process
+from stored import read_steps
 
 from pipeline.client import (
     EpisodeError,
@@ -30,7 +31,7 @@ from server.config import ServerConfig
 
 
 def _read(data: Path, table: str = "steps") -> pd.DataFrame:
-    return pd.read_parquet(data / table)
+    return read_steps(data) if table == "steps" else pd.read_parquet(data / table)
 
 
 @pytest.mark.parametrize("mode", ["remote", "local"])
@@ -173,7 +174,7 @@ def test_multiagent_dicts_per_agent_rewards_and_done_dict(tmp_path: Path, mode: 
                 client.end_episode(episode_id, observations)
                 break
         assert client.close()
-    steps = pd.read_parquet(data / "steps").sort_values(["agent_id", "t"])
+    steps = read_steps(data).sort_values(["agent_id", "t"])
     by_agent = {agent: rows for agent, rows in steps.groupby("agent_id")}
     assert by_agent["a"]["t"].tolist() == [0, 1, 2, 3, 4]
     assert by_agent["b"]["t"].tolist() == [0, 1, 2]
@@ -207,7 +208,7 @@ def test_server_down_client_spools_then_every_step_arrives_once(tmp_path: Path) 
         assert client.close()
     finally:
         kill(process, 15)
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     assert len(steps) == sum(lengths)
     assert not steps.duplicated(["episode_id", "agent_id", "t"]).any()
     assert sorted(pd.read_parquet(data / "episodes")["length"]) == sorted(lengths)
@@ -224,7 +225,7 @@ def test_local_mode_pulls_weights_and_records_their_version(tmp_path: Path) -> N
         lengths = play_client(client, 1, seed=0)
         client.update_policy_weights()  # 304: unchanged
         assert client.close()
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     assert len(steps) == lengths[0]
     assert set(steps["policy_version"]) == {3}
     assert (steps["action_logp"] < 0).all()

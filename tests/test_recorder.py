@@ -13,6 +13,7 @@ import pytest
 import requests
 from openapi_contract import check_answer
 from server_fixtures import cartpole_config, running_server
+from stored import read_steps
 
 from pipeline.client import PolicyClient
 from pipeline.errors import RequestRejected, SchemaError
@@ -25,7 +26,7 @@ def _obs(t: float, agent: float = 0.0) -> np.ndarray:
 
 
 def _read(data: Path, table: str) -> pd.DataFrame:
-    return pd.read_parquet(data / table)
+    return read_steps(data) if table == "steps" else pd.read_parquet(data / table)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import requests
 from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
+from stored import read_steps
 
 from pipeline.policy.checkpoint import load_checkpoint
 from pipeline.policy.network import NumpyPolicy
@@ -50,7 +51,7 @@ def test_columnar_batch_form_rows_and_answers_are_the_known_ones(tmp_path: Path)
             "infos": [{}, None, None]}).json()  # fmt: skip
         assert second["actions"][1:] == [None, None] and second["action_logp"][1:] == [None, None]
         assert second["actions"][0] in (0, 1)
-    steps = pd.read_parquet(data / "steps").sort_values(["episode_id", "t"])
+    steps = read_steps(data).sort_values(["episode_id", "t"])
     firsts = steps[steps["t"] == 0].set_index("episode_id")
     assert firsts["action"].tolist() == first["actions"]
     assert firsts["reward"].tolist() == [1.0, 2.0, 3.5]
@@ -140,7 +141,7 @@ def test_concurrent_single_steps_each_land_once_in_order(tmp_path: Path) -> None
         for thread in threads:
             thread.join()
         assert errors == []
-    table = pd.read_parquet(data / "steps").sort_values(["episode_id", "t"])
+    table = read_steps(data).sort_values(["episode_id", "t"])
     assert len(table) == clients * steps
     for k, rows in table.groupby("episode_id"):
         number = int(str(k)[1:])

@@ -16,6 +16,7 @@ import pytest
 import requests
 from gymnasium.vector import AutoresetMode
 from server_fixtures import cartpole_config, env_config, lossy_proxy, metric, running_server
+from stored import read_steps
 
 from pipeline.client import PolicyClient, RequestRejected
 from pipeline.client.vector import VectorEpisodes
@@ -61,7 +62,7 @@ def _responses(url: str) -> int:
 
 
 def _check_log(data: Path, run: dict[str, Any]) -> pd.DataFrame:
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     episodes = pd.read_parquet(data / "episodes")
     assert len(steps) == run["steps"]
     ended = steps[steps["terminated"]]
@@ -163,7 +164,7 @@ def test_a_retried_batch_is_recognised_whole_or_refused(tmp_path: Path) -> None:
             "episode_ids": ["a"], "observations": observations[:1], "requests": [4]})  # fmt: skip
         assert single.status_code == 409 and single.json()["error"]["message"] == (
             "field 'requests': expected 3 (the next request of episode 'a'), got 4")  # fmt: skip
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     assert sorted(zip(steps["episode_id"], steps["t"], strict=True)) == [
         ("a", 0), ("a", 1), ("b", 0)]  # fmt: skip  # a's t=1: closed at shutdown
     assert len(pd.read_parquet(data / "episodes")) == 2
@@ -200,7 +201,7 @@ def test_copies_of_a_batch_sent_at_once_get_one_answer_and_store_once(
             for answers in (started, ended):
                 assert [status for status, _ in answers] == [200] * copies, answers
                 assert all(answer == answers[0] for answer in answers)
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     assert len(steps) == 2 * rounds and not steps.duplicated(["episode_id", "t"]).any()
     assert len(pd.read_parquet(data / "episodes")) == 2 * rounds
 
@@ -233,7 +234,7 @@ def test_a_vector_env_of_discrete_observations_takes_the_row_path(tmp_path: Path
             actions = vector.step(observations, rewards, terminated, truncated, infos)
         vector.close(observations, rewards, terminated, truncated, infos)
         client.close()
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     assert ends > 0 and sum(n == 2 for n in tries.values()) >= 5
     assert not steps.duplicated(["episode_id", "t"]).any()
     assert len(steps) == taken + ENVS - int(ended.sum()) and steps["terminated"].sum() == ends
@@ -263,7 +264,7 @@ def test_step_many_starts_steps_and_ends_episodes_in_one_call(tmp_path: Path) ->
         with pytest.raises(Exception, match="'a' was not started by this client"):
             client.step_many(["a"], observation[:1])
         client.close()
-    steps = pd.read_parquet(data / "steps").sort_values(["episode_id", "t"])
+    steps = read_steps(data).sort_values(["episode_id", "t"])
     a, b = (steps[steps["episode_id"] == name] for name in "ab")
     assert (a["reward"].tolist(), a["terminated"].tolist()) == ([1.5], [True])
     # b's second row: the server closed it as truncated at shutdown
@@ -296,7 +297,7 @@ def test_bad_input_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
             client.step_many(["a", "b"], good, terminated=[1, 0])
         client.step_many(["a", "b"], good, truncated=[True, True])  # still serving, still open
         client.close()
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     assert len(steps) == 2 and steps["truncated"].all()
 
 
@@ -334,7 +335,7 @@ def test_box_actions_come_back_as_the_vector_env_takes_them(tmp_path: Path) -> N
         observations, rewards, terminated, truncated, infos = envs.step(actions)
         vector.close(observations, rewards, terminated, truncated, infos)
         client.close()
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     assert len(steps) == 3 * 6 and steps["truncated"].sum() == 3
     logged = np.stack(steps.sort_values("t")["action"].to_numpy())
     assert logged.shape == (18, 1) and np.all(np.abs(logged) <= 2.0)
@@ -359,5 +360,5 @@ def test_local_inference_gives_box_actions_of_any_size_to_the_vector_env(tmp_pat
             actions = vector.step(observations, [1.0, 1.0], terminated, no)
         vector.close(observations, [0.0, 0.0], no, no)
         assert client.close()
-    steps = pd.read_parquet(data / "steps")
+    steps = read_steps(data)
     assert len(steps) == 7 and steps["terminated"].sum() == 1

@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipeline.dataset.delta import Table
+from pipeline.dataset import successors
+from pipeline.dataset.delta import Table, has_frame, storage_type
 from pipeline.dataset.location import Location
 from pipeline.format import layout
 
@@ -84,7 +85,13 @@ def open_dataset(
 
 
 def read_schema(schema: pa.Schema) -> pa.Schema:
-    """The schema a scan yields: ids as dictionaries, plus the ``date`` partition column."""
+    """The schema a scan yields: ids as dictionaries, frames as stored (binary,
+    ``delta.restore`` turns them back), ``next_observation`` nullable, plus the ``date``
+    partition column."""
+    for index, field in enumerate(schema):
+        if has_frame(field.type) or field.name == successors.NEXT:
+            kind = storage_type(field.type) if has_frame(field.type) else field.type
+            schema = schema.set(index, field.with_type(kind).with_nullable(True))
     for name in DICTIONARY_COLUMNS:
         if name in schema.names:
             index = schema.get_field_index(name)

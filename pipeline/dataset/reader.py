@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from pipeline.dataset import damage, decoding, discovery
+from pipeline.dataset import damage, decoding, discovery, successors
 from pipeline.dataset.assembly import EpisodeAssembler
 from pipeline.dataset.batch import COLUMN_OF_FIELD, Batch
 from pipeline.dataset.delta import Snapshot, Table, restore
@@ -211,6 +211,8 @@ class InputReader:
         """Arrow rows of this dataset's step table, in its own or its storage types (as a Parquet
         file of the table holds them), as a Batch (see ``decoding.to_batch``)."""
         data = restore(data, self.schema)
+        if all(name in data.schema.names for name in successors.NEEDS):
+            data = successors.fill(data, "to_batch")
         return decoding.to_batch(data, self.observation_space, self.action_space)
 
     def _convert(self, data: pa.RecordBatch | pa.Table) -> Batch:
@@ -293,13 +295,33 @@ class InputReader:
                 "but gone from the store: a vacuum deletes the files a compaction removed once "
                 "they are older than its retention; read a newer version"
             ) from None
-        if part.count > 1:
-            fragments = discovery.owned_fragments(dataset, part, self.prune)
-            dataset = ds.FileSystemDataset(
-                fragments, dataset.schema, dataset.format, self.filesystem
-            )
-        batches = discovery.rows_where(dataset, self.columns, self.keep, self.prune)
+        if successors.NEXT in self.columns:
+            batches = self._whole_files(dataset, part)
+        else:
+            if part.count > 1:
+                fragments = discovery.owned_fragments(dataset, part, self.prune)
+                dataset = ds.FileSystemDataset(
+                    fragments, dataset.schema, dataset.format, self.filesystem
+                )
+            scanned = discovery.rows_where(dataset, self.columns, self.keep, self.prune)
+            batches = (restore(batch, self.schema) for batch in scanned)
         yield from damage.named(batches, self.filesystem, paths, self.schema)
+
+    def _whole_files(self, dataset: ds.FileSystemDataset, part: discovery.Part) -> Iterator[Any]:
+        """The rows of each file read whole, ``next_observation`` restored from the rows of the
+        file (``successors``) before the filter is applied, since it may leave out a successor.
+        Readers split work by file here, not by row group."""
+        columns = list(dict.fromkeys([*self.columns, *successors.NEEDS]))
+        if self.keep is not None:  # the filter may name any column
+            columns = list(dataset.schema.names)
+        for fragment in dataset.get_fragments(filter=self.prune):
+            if not part.owns(fragment.path):
+                continue
+            data = fragment.to_table(schema=dataset.schema, columns=columns)
+            data = successors.fill(restore(data, self.schema), fragment.path)
+            if self.keep is not None:  # judged row by row, never by footer statistics
+                data = data.filter(self.keep)
+            yield from data.select(self.columns).to_batches()
 
     def _device(self, batch: Batch) -> Batch:
         return batch.to_torch(self.config.device) if self.config.device is not None else batch

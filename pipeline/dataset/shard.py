@@ -18,17 +18,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
-from pipeline.dataset.delta import add_action, storage_schema
+from pipeline.dataset import successors
+from pipeline.dataset.delta import add_action, to_storage
 from pipeline.dataset.location import Location
 from pipeline.dataset.wal import fsync_path
-from pipeline.format import layout
+from pipeline.format import frames, layout
 
 
 def leaf_paths(field: pa.Field, prefix: str = "") -> Iterator[tuple[str, pa.DataType]]:
     """Parquet column paths of a field's leaves (lists are stored as ``name.list.element``)."""
     path = f"{prefix}{field.name}"
     kind = field.type
-    if pa.types.is_struct(kind):
+    if frames.is_frame(kind) or pa.types.is_binary(kind):  # a frame is one value a row
+        yield path, pa.binary()
+    elif pa.types.is_struct(kind):
         for index in range(kind.num_fields):
             yield from leaf_paths(kind.field(index), f"{path}.")
     elif pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind):  # stored as lists
@@ -41,8 +44,12 @@ def parquet_options(schema: pa.Schema) -> dict[str, object]:
     """Writer options for a table: the encodings that keep shards small and fast."""
     dictionary: list[str] = []
     split: dict[str, str] = {}
+    statistics: list[str] = []
     for field in schema:
         for path, kind in leaf_paths(field):
+            if pa.types.is_binary(kind):  # frames: plain bytes, zstd, no min and max of frames
+                continue
+            statistics.append(path)
             if pa.types.is_floating(kind) or (pa.types.is_integer(kind) and _image(field)):
                 split[path] = "BYTE_STREAM_SPLIT"
             elif pa.types.is_integer(kind) and field.name == "t":
@@ -53,7 +60,7 @@ def parquet_options(schema: pa.Schema) -> dict[str, object]:
         "compression": "zstd",
         "use_dictionary": dictionary,
         "column_encoding": split,
-        "write_statistics": True,
+        "write_statistics": statistics,
         "write_page_checksum": True,  # a CRC-32 per page, verified by every rlpipe reader
     }
 
@@ -88,8 +95,7 @@ def write_shard(
     directory = location.path(table, f"{layout.PARTITION_KEY}={date}")
     final = location.path(table, relative)
     local = location.local
-    data = pa.Table.from_batches(list(batches))
-    data = data.cast(storage_schema(data.schema))
+    data = to_storage(successors.omit(pa.Table.from_batches(list(batches))))
     row_bytes = max(1, data.nbytes // max(1, data.num_rows))
     group_rows = max(1, min(row_group_rows, row_group_bytes // row_bytes))
     if local:
