@@ -127,8 +127,16 @@ def _container_to_json(space: Dict | Tuple) -> dict[str, Any]:
     }
 
 
+_SCALAR_FROM = 256  # values of a bound, as frames.FRAME_VALUES
+
+
 def _bounds_to_json(bounds: np.ndarray) -> Any:
-    """Bounds as nested lists; JSON has no infinity, so +/-inf become the strings "inf"/"-inf"."""
+    """Bounds as nested lists; JSON has no infinity, so +/-inf become the strings "inf"/"-inf".
+    A bound of at least ``_SCALAR_FROM`` equal values is one number that broadcasts: an 84x84x3
+    frame's bounds as lists made ~700 KB of every shard's footer (the space rides in the schema
+    metadata of three places)."""
+    if bounds.size >= _SCALAR_FROM and (bounds == bounds.flat[0]).all():
+        return _bounds_to_json(bounds.reshape(-1)[:1])[0]
     if bounds.dtype.kind != "f" or np.isfinite(bounds).all():
         return bounds.tolist()
     table = bounds.astype(object)
@@ -175,7 +183,10 @@ def _read(doc: Any, where: str) -> gym.Space[Any]:
 def _read_box(doc: Mapping[str, Any], where: str) -> Box:
     dtype = np.dtype(doc["dtype"])
     low, high = (_bounds_from_json(doc[key], dtype, f"{where}.{key}") for key in ("low", "high"))
-    return Box(low, high, tuple(_ints(doc["shape"], f"{where}.shape")), dtype)
+    shape = tuple(_ints(doc["shape"], f"{where}.shape"))
+    if shape:  # a scalar bound broadcasts
+        low, high = (np.full(shape, b) if np.ndim(b) == 0 else b for b in (low, high))
+    return Box(low, high, shape, dtype)
 
 
 def _read_discrete(doc: Mapping[str, Any], where: str) -> Discrete:
