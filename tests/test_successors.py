@@ -18,7 +18,7 @@ from pipeline.dataset.location import locate
 from pipeline.errors import DatasetError
 
 FRAME = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
-VECTOR = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+VECTOR = gym.spaces.Box(-np.inf, np.inf, (64,), np.float32)  # 256 bytes: stored once
 
 
 def _episode(space: gym.Space, episode_id: str, length: int, seed: int) -> dict:
@@ -28,7 +28,7 @@ def _episode(space: gym.Space, episode_id: str, length: int, seed: int) -> dict:
     if space is FRAME:
         observations = rng.integers(0, 256, (length + 1, *FRAME.shape), np.uint8)
     else:
-        observations = rng.standard_normal((length + 1, 2)).astype(np.float32)
+        observations = rng.standard_normal((length + 1, 64)).astype(np.float32)
         observations[2] = 0.0
     following = observations[1:].copy()
     if space is VECTOR:

@@ -295,7 +295,8 @@ class InputReader:
                 "but gone from the store: a vacuum deletes the files a compaction removed once "
                 "they are older than its retention; read a newer version"
             ) from None
-        if successors.NEXT in self.columns:
+        observation = self.schema.field("observation").type
+        if successors.NEXT in self.columns and successors.omitted(observation):
             batches = self._whole_files(dataset, part)
         else:
             if part.count > 1:
@@ -304,8 +305,17 @@ class InputReader:
                     fragments, dataset.schema, dataset.format, self.filesystem
                 )
             scanned = discovery.rows_where(dataset, self.columns, self.keep, self.prune)
-            batches = (restore(batch, self.schema) for batch in scanned)
+            batches = (self._restored(batch) for batch in scanned)
         yield from damage.named(batches, self.filesystem, paths, self.schema)
+
+    def _restored(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A scanned batch in the table's types; a null ``next_observation`` (which rlpipe does
+        not write for small observations, but another writer may) is restored from the batch,
+        or refused when its successor is not in it."""
+        batch = restore(batch, self.schema)
+        if successors.NEXT in batch.schema.names and batch.column(successors.NEXT).null_count:
+            batch = successors.fill(batch, "a scanned batch")
+        return batch
 
     def _whole_files(self, dataset: ds.FileSystemDataset, part: discovery.Part) -> Iterator[Any]:
         """The rows of each file read whole, ``next_observation`` restored from the rows of the
