@@ -96,3 +96,19 @@ def test_a_null_next_observation_without_its_successor_is_refused(tmp_path: Path
     pq.write_table(table.filter(table.column("t").to_numpy() != 3), shard)  # a successor lost
     with pytest.raises(DatasetError, match="row 2 has no next_observation"):
         InputReader(tmp_path, batch_size=100).next()
+
+
+def test_a_successor_appended_later_into_the_same_file_still_holds_the_frame(
+    tmp_path: Path,
+) -> None:
+    """Appends are the file's chunks; an episode split over three appends stores its frames once."""
+    episode = _episode(FRAME, "a", 6, 4)
+    with DatasetWriter(tmp_path, FRAME, gym.spaces.Discrete(2)) as writer:
+        for part in (slice(0, 2), slice(2, 3), slice(3, 6)):
+            writer.append({key: value[part] for key, value in episode.items()})
+    [shard] = discovery.list_shards(locate(tmp_path))
+    stored = pq.read_table(shard).column("next_observation")
+    assert stored.null_count == 5  # only the last row carries its next frame
+    batch = InputReader(tmp_path, batch_size=100).next()
+    np.testing.assert_array_equal(batch.next_observations[np.argsort(batch.ts)],
+                                  episode["next_observation"])  # fmt: skip

@@ -78,10 +78,11 @@ def storage_schema(table_schema: pa.Schema) -> pa.Schema:
 
 
 def to_storage(data: pa.Table) -> pa.Table:
-    """``data`` in its storage types (:func:`storage_schema`)."""
+    """``data`` in its storage types (:func:`storage_schema`), chunk by chunk (frames become
+    binary without a copy)."""
     stored = storage_schema(data.schema)
     columns = [
-        _stored(column.combine_chunks(), field.type)
+        pa.chunked_array([_stored(chunk, field.type) for chunk in column.chunks], field.type)
         for column, field in zip(data.columns, stored, strict=True)
     ]
     return pa.Table.from_arrays(columns, schema=stored)

@@ -56,7 +56,8 @@ def successors(data: pa.Table | pa.RecordBatch) -> np.ndarray:
 
 def omit(data: pa.Table) -> pa.Table:
     """``data`` (rows of one file, in the table's own types) with ``next_observation`` null
-    where the successor row holds the same values as its ``observation``."""
+    where the successor row holds the same values as its ``observation``. Chunk by chunk: no
+    frame is copied (a file's rows arrive as the log's batches, one chunk each)."""
     if (
         NEXT not in data.column_names
         or not data.num_rows
@@ -64,19 +65,33 @@ def omit(data: pa.Table) -> pa.Table:
     ):
         return data
     found = successors(data)
-    rows = np.flatnonzero(found >= 0)
-    if not len(rows):
-        return data
-    column = _array(data.column(NEXT))
-    following, observed = _byte_rows(column), _byte_rows(_array(data.column("observation")))
-    same = np.zeros(data.num_rows, bool)
-    step = max(1, 2**20 // max(1, following.shape[1]))  # compare a MiB of rows at a time
-    for start in range(0, len(rows), step):
-        part = rows[start : start + step]
-        same[part] = (following[part] == observed[found[part]]).all(axis=1)
-    nulled = _with_nulls(column, same | _array_nulls(column))
+    column = data.column(NEXT)
+    observed = [_byte_rows(chunk) for chunk in data.column("observation").chunks]
+    starts = np.cumsum([0, *(len(chunk) for chunk in column.chunks)])
+    chunks = []
+    for index, chunk in enumerate(column.chunks):
+        mine = found[starts[index] : starts[index + 1]]
+        same = np.zeros(len(chunk), bool)
+        following = _byte_rows(chunk)
+        holders = np.searchsorted(starts, mine, side="right") - 1  # the chunk of each successor
+        for holder in np.unique(holders[mine >= 0]):
+            rows = np.flatnonzero((mine >= 0) & (holders == holder))
+            there = mine[rows] - starts[holder]
+            same[rows] = _equal_rows(following, rows, observed[holder], there)
+        chunks.append(_with_nulls(chunk, same | _array_nulls(chunk)))
     index = data.schema.get_field_index(NEXT)
-    return data.set_column(index, data.schema.field(index).with_nullable(True), nulled)
+    field = data.schema.field(index).with_nullable(True)
+    return data.set_column(index, field, pa.chunked_array(chunks, field.type))
+
+
+def _equal_rows(a: np.ndarray, rows: np.ndarray, b: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Whether ``a[rows[i]]`` equals ``b[others[i]]``, a MiB of rows at a time."""
+    equal = np.zeros(len(rows), bool)
+    step = max(1, 2**20 // max(1, a.shape[1]))
+    for start in range(0, len(rows), step):
+        part = slice(start, start + step)
+        equal[part] = (a[rows[part]] == b[others[part]]).all(axis=1)
+    return equal
 
 
 def fill(data: pa.Table | pa.RecordBatch, where: str) -> Any:

@@ -41,15 +41,17 @@ def checked(space: gym.Space[Any], values: Sequence[Any], names: Sequence[str] |
 
 
 def _one_array(space: gym.Space[Any], values: Sequence[Any]) -> np.ndarray | None:
-    """One observation as an env hands it out (an array of the space's float dtype and shape)
+    """One observation as an env hands it out (an array of the space's dtype and shape)
     as a batch of one, copied (an env may reuse its array); None for anything else. A few
     values are checked finite in Python: numpy's two calls would cost more than the check."""
     if len(values) != 1 or type(value := values[0]) is not np.ndarray:
         return None
     if not isinstance(space, gym.spaces.Box) or value.dtype != space.dtype:
         return None
-    if value.shape != space.shape or space.dtype.kind != "f":
+    if value.shape != space.shape:
         return None
+    if space.dtype.kind in "iub":  # every value of the dtype is kept (bounds are not enforced)
+        return value[None].copy()
     finite = (
         all(map(math.isfinite, value.tolist())) if value.size <= 16 else np.isfinite(value).all()
     )
