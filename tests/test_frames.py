@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import DatasetWriter, InputReader
-from pipeline.dataset import discovery
+from pipeline.dataset import discovery, upkeep
 from pipeline.dataset.location import locate
 from pipeline.errors import DatasetError
 from pipeline.format import frames
@@ -75,3 +75,33 @@ def test_frames_zstd_cannot_shrink_are_stored_uncompressed(tmp_path: Path) -> No
     flat = np.zeros((9, *FRAME.shape), np.uint8)
     flat[:, 4:8] = 200  # a rendered-like frame: mostly one colour
     assert _shard_codec(tmp_path / "flat", flat) == "ZSTD"
+
+
+def test_a_compaction_keeps_frames_whole_and_without_statistics(tmp_path: Path) -> None:
+    """delta-rs merges the shards: an episode's next frames still restore across the merged
+    files, and the frames get no min and max (which cost 4x the bytes of rendered frames)."""
+    observations = np.zeros((31, *FRAME.shape), np.uint8)
+    observations[:, 2:6] = np.arange(31, dtype=np.uint8)[:, None, None, None]
+    with DatasetWriter(tmp_path, FRAME, gym.spaces.Discrete(2)) as writer:
+        for part in (slice(0, 10), slice(10, 20), slice(20, 30)):
+            t = np.arange(30)[part]
+            writer.append(
+                {
+                    "episode_id": ["e"] * 10,
+                    "t": t,
+                    "observation": observations[:-1][part],
+                    "action": np.zeros(10, np.int64),
+                    "reward": np.zeros(10),
+                    "next_observation": observations[1:][part],
+                    "terminated": t == 29,
+                    "truncated": np.zeros(10, bool),
+                }
+            )
+            writer.flush()
+    upkeep.upkeep(locate(tmp_path), vacuum=False)
+    [shard] = discovery.list_shards(locate(tmp_path))
+    metadata = pq.read_metadata(shard)
+    names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    assert metadata.row_group(0).column(names.index("observation")).statistics is None
+    batch = InputReader(tmp_path, batch_size=100).next()
+    np.testing.assert_array_equal(batch.next_observations[np.argsort(batch.ts)], observations[1:])

@@ -81,6 +81,10 @@ def writer_properties(delta: DeltaTable) -> WriterProperties:
             nested.update(kinds)
         elif kinds[0] in _FLOATS:
             columns[field.name] = ColumnProperties(False, encoding="BYTE_STREAM_SPLIT")
+        elif kinds[0] == "binary":  # frames: no min and max of 21 KB values, as rlpipe writes
+            columns[field.name] = ColumnProperties(
+                False, statistics_enabled="NONE", encoding="PLAIN"
+            )
         elif field.name == "t":
             columns[field.name] = ColumnProperties(False, encoding="DELTA_BINARY_PACKED")
         else:
