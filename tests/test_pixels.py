@@ -3,6 +3,8 @@ once, and no buffer, batch, log segment or row group larger than its bound (issu
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -11,16 +13,22 @@ import numpy as np
 import orjson
 import pandas as pd
 import pyarrow.parquet as pq
-from server_fixtures import running_server
+import pytest
+from server_fixtures import free_port, kill, running_server, start_serve_process
 
 from pipeline import InputReader, WriterConfig
 from pipeline.client import PolicyClient
 from pipeline.client import binary as client_binary
+from pipeline.commands import cli
 from pipeline.dataset import discovery
 from pipeline.dataset.location import locate
+from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.recording.episode import AgentState, Episode, Pending
 from server import records
 from server.config import ServerConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import pixel_cartpole
 
 FRAME = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
 ACTIONS = gym.spaces.Discrete(3)
@@ -135,3 +143,34 @@ def test_a_snapshot_keeps_a_pending_frame_as_its_bytes_and_gives_it_back() -> No
     assert pending is not None and np.array_equal(pending.observation, frame)
     assert pending.observation.dtype == np.uint8
     assert (pending.action, pending.action_logp, pending.policy_version) == (1, -0.5, 7)
+
+
+def test_pixel_cartpole_goes_through_serve_both_clients_train_replay_and_inspect(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23, point 4: CartPole as 84x84x3 frames (examples/pixel_cartpole.py) through
+    ``rlpipe serve``, a remote and a local client, ``rlpipe train bc`` (its policy a CNN, which
+    clients run in numpy: tests/test_encoder.py), ``rlpipe replay`` (frames re-rendered bit for
+    bit) and ``rlpipe inspect``."""
+    data, run, port = tmp_path / "ds", tmp_path / "run", free_port()
+    server = start_serve_process(data, port, env_id=pixel_cartpole.ENV_REF)
+    try:
+        assert pixel_cartpole.play(port, "remote", episodes=1, seed=0)
+        assert pixel_cartpole.play(port, "local", episodes=1, seed=1)
+    finally:
+        kill(server, signal.SIGTERM)  # a clean stop commits every row
+    train = ["train", "bc", "--data", str(data), "--run-dir", str(run), "--max-updates", "3",
+             "--eval-episodes", "1", "--batch-size", "16"]  # fmt: skip
+    assert cli.main(train) == 0
+    checkpoint = load_checkpoint(latest_checkpoint(run / "checkpoints"))
+    assert checkpoint.spec.encoder == "cnn"
+    episodes = pd.read_parquet(data / "episodes")
+    assert len(episodes) == 2
+    capsys.readouterr()
+    for episode_id in episodes["episode_id"]:
+        assert cli.main(["replay", str(data), "--episode", episode_id, "--json"]) == 0
+        replayed = orjson.loads(capsys.readouterr().out)
+        assert replayed["divergence"] is None and replayed["replayed_steps"] > 0
+    assert cli.main(["inspect", str(data)]) == 0
+    report = capsys.readouterr().out
+    assert "Box(0, 255, (84, 84, 3), uint8)" in report and "2 complete" in report

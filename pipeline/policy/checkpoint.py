@@ -29,6 +29,7 @@ from pipeline.format import flattening, spaces
 
 CHECKPOINTS = "checkpoints"
 DISTRIBUTIONS = ("categorical", "gaussian", "squashed_gaussian")
+ENCODERS = ("flat", "cnn")  # flattened values, or the CNN of pipeline.policy.encoder
 ACTIVATIONS = ("tanh", "relu")
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC's clamp (Haarnoja et al. 2018, reference code)
 _SPEC_KEY = "__spec__"
@@ -45,11 +46,14 @@ class ModelSpec:
     activation: str = "tanh"
     distribution: str = "categorical"
     algorithm: str = ""
+    encoder: str = "flat"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", tuple(self.hidden))
         if not all(isinstance(w, int) and w > 0 for w in self.hidden):
             raise ConfigError("ModelSpec", "hidden", "a tuple of positive integers", self.hidden)
+        if self.encoder not in ENCODERS:
+            raise ConfigError("ModelSpec", "encoder", f"one of {ENCODERS}", self.encoder)
         if self.activation not in ACTIVATIONS:
             raise ConfigError("ModelSpec", "activation", f"one of {ACTIVATIONS}", self.activation)
         if self.distribution not in DISTRIBUTIONS:
@@ -86,6 +90,7 @@ class ModelSpec:
             activation=doc["activation"],
             distribution=doc["distribution"],
             algorithm=doc.get("algorithm", ""),
+            encoder=doc.get("encoder", "flat"),  # checkpoints before image policies have none
         )
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipeline.errors import DatasetError
 from pipeline.format import flattening
+from pipeline.policy import encoder
 from pipeline.policy.checkpoint import LOG_STD_MAX, LOG_STD_MIN, Checkpoint
 from pipeline.recording.batches import row_of
 
@@ -36,8 +37,13 @@ class NumpyPolicy:
         self._log_std = checkpoint.weights.get("log_std")
         self._activation = np.tanh if self.spec.activation == "tanh" else _relu
         space = self.spec.observation_space
+        self._convolutions = [
+            (checkpoint.weights[f"enc.{i}.weight"], checkpoint.weights[f"enc.{i}.bias"])
+            for i in range(len(encoder.LAYERS) if self.spec.encoder == "cnn" else 0)
+        ]
         # a Box flattens to its values row-major: a reshape, not a trip through flatten_batch
-        self._box_width = flattening.flatdim(space) if isinstance(space, gym.spaces.Box) else None
+        flat = isinstance(space, gym.spaces.Box) and not self._convolutions
+        self._box_width = flattening.flatdim(space) if flat else None
         self._start = (
             int(self.spec.action_space.start)
             if isinstance(self.spec.action_space, gym.spaces.Discrete)
@@ -46,7 +52,10 @@ class NumpyPolicy:
 
     def forward(self, observations: Any) -> np.ndarray:
         """The output layer's raw values for a batch of observations."""
-        if self._box_width is not None:
+        if self._convolutions:
+            shape = self.spec.observation_space.shape
+            x = encoder.encode(observations, self._convolutions, cast(tuple[int, ...], shape))
+        elif self._box_width is not None:
             x = np.asarray(observations, np.float32).reshape(-1, self._box_width)
         else:
             x = flattening.flatten_batch(self.spec.observation_space, observations)
@@ -148,8 +157,17 @@ def _check_shapes(checkpoint: Checkpoint) -> None:
     """Each layer's weights fit the spec's widths (a bad file fails here, not in every pass)."""
     spec = checkpoint.spec
     heads = 2 if spec.distribution == "squashed_gaussian" else 1
-    widths = [flattening.flatdim(spec.observation_space), *spec.hidden, heads * spec.action_dim]
     expected: dict[str, tuple[int, ...]] = {}
+    features = flattening.flatdim(spec.observation_space)
+    if spec.encoder == "cnn":
+        if not encoder.is_image(spec.observation_space):
+            raise DatasetError(
+                f"checkpoint version {checkpoint.version}: encoder: 'cnn' needs a uint8 Box of "
+                f"(height, width, channels), sides >= {encoder.MIN_SIDE}; got "
+                f"{spec.observation_space}"
+            )
+        expected, features = encoder.shapes(cast(gym.spaces.Box, spec.observation_space))
+    widths = [features, *spec.hidden, heads * spec.action_dim]
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
         expected[f"pi.{i}.weight"], expected[f"pi.{i}.bias"] = (fan_out, fan_in), (fan_out,)
     if spec.distribution == "gaussian":

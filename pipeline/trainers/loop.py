@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -86,8 +87,11 @@ class LoopSettings:
         )
         if self.env_id is not None:
             try:  # fail now, not at the first evaluation minutes into a run
-                gym.spec(self.env_id)
-            except gym.error.Error as error:
+                module, _, name = self.env_id.rpartition(":")
+                if module:  # "package.module:Env-v0", as gym.make takes it: the module registers
+                    importlib.import_module(module)
+                gym.spec(name)
+            except (gym.error.Error, ImportError) as error:
                 raise ConfigError(
                     "train", "env", "a registered gymnasium id", f"{self.env_id} ({error})"
                 ) from None

@@ -19,6 +19,7 @@ from torch import nn
 
 from pipeline.errors import ConfigError
 from pipeline.format import flattening
+from pipeline.policy import encoder
 from pipeline.policy.checkpoint import LOG_STD_MAX, LOG_STD_MIN, Checkpoint, ModelSpec
 from pipeline.trainers.distributed import average_gradients
 
@@ -137,6 +138,35 @@ def _numpy(values: Any) -> Any:
     return values
 
 
+class ImageEncoder(nn.Module):
+    """:mod:`pipeline.policy.encoder`'s CNN in torch, over flattened frames, exported as
+    ``enc.{i}.*``; a trainer's policy picks it for image spaces."""
+
+    def __init__(self, space: gym.Space[Any]) -> None:
+        super().__init__()
+        self.shape = cast(tuple[int, int, int], space.shape)
+        channels = self.shape[2]
+        self.convolutions = nn.ModuleList()
+        for filters, kernel, stride in encoder.LAYERS:
+            self.convolutions.append(nn.Conv2d(channels, filters, kernel, stride))
+            channels = filters
+        self.features = encoder.shapes(cast(gym.spaces.Box, space))[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(-1, *self.shape).permute(0, 3, 1, 2) / 255.0
+        for convolution in self.convolutions:
+            x = torch.relu(convolution(x))
+        return x.flatten(1)
+
+    def export(self) -> dict[str, np.ndarray]:
+        arrays = {}
+        for i, module in enumerate(self.convolutions):
+            layer = cast(nn.Conv2d, module)
+            arrays[f"enc.{i}.weight"] = layer.weight.detach().cpu().numpy().copy()
+            arrays[f"enc.{i}.bias"] = cast(torch.Tensor, layer.bias).detach().cpu().numpy().copy()
+        return arrays
+
+
 class PolicyNetwork(nn.Module):
     """A categorical (Discrete) or state-independent Gaussian (Box) policy over flat observations,
     exported as ``pi.*`` (plus ``log_std``) for :class:`pipeline.policy.NumpyPolicy`."""
@@ -153,14 +183,21 @@ class PolicyNetwork(nn.Module):
         self.hidden, self.activation = hidden, activation
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         out_dim = flattening.flatdim(action_space)  # n for Discrete: the one-hot width
-        self.pi = MLP(flattening.flatdim(observation_space), hidden, out_dim, activation)
+        self.enc = ImageEncoder(observation_space) if encoder.is_image(observation_space) else None
+        features = self.enc.features if self.enc else flattening.flatdim(observation_space)
+        self.pi = MLP(features, hidden, out_dim, activation)
         self.log_std = nn.Parameter(torch.zeros(0 if self.discrete else out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The output layer's values for flattened observations (frames through the CNN)."""
+        out: torch.Tensor = self.pi(self.enc(x) if self.enc is not None else x)
+        return out
 
     def log_prob_entropy(
         self, x: torch.Tensor, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of ``actions`` and the policy's entropy, per row."""
-        out = self.pi(x)
+        out = self(x)
         if self.discrete:
             log_probs = torch.log_softmax(out, dim=-1)
             logp = log_probs.gather(1, actions.long().unsqueeze(1)).squeeze(1)
@@ -180,8 +217,11 @@ class PolicyNetwork(nn.Module):
             activation=self.activation,
             distribution="categorical" if self.discrete else "gaussian",
             algorithm=algorithm,
+            encoder="flat" if self.enc is None else "cnn",
         )
         arrays = {**export("pi", self.pi), **(extra or {})}
+        if self.enc is not None:
+            arrays.update(self.enc.export())
         if not self.discrete:
             arrays["log_std"] = self.log_std.detach().cpu().numpy().copy()
         return Checkpoint(version, spec, arrays)
