@@ -4,7 +4,8 @@ The names most users need are here; the modules hold the rest.
 """
 
 from pipeline.dataset.batch import Batch
-from pipeline.dataset.reader import InputReader, ReaderConfig
+from pipeline.dataset.reader import InputReader
+from pipeline.dataset.reader_config import ReaderConfig
 from pipeline.dataset.recovery import recover
 from pipeline.dataset.writer import DatasetWriter
 from pipeline.dataset.writer_config import WriterConfig
