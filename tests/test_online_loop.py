@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.dataset.batch import Batch
-from pipeline.trainers.loop import EpisodeReturns
+from pipeline.trainers.episode_returns import EpisodeReturns
 from pipeline.trainers.ppo import PPO, PPOConfig
 
 

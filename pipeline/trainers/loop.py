@@ -23,7 +23,6 @@ once; rows read after the save are read again. Offline it is the minibatch sampl
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import importlib
 import time
@@ -43,6 +42,7 @@ from pipeline.policy.checkpoint import latest_checkpoint, load_checkpoint, save_
 from pipeline.trainers import state, validation
 from pipeline.trainers.buffer import ReplayBuffer
 from pipeline.trainers.distributed import SINGLE, Group
+from pipeline.trainers.episode_returns import EpisodeReturns
 from pipeline.trainers.evaluation import evaluate as evaluate_policy
 from pipeline.trainers.runlog import RunLog
 from pipeline.trainers.trainer import OnPolicy, Trainer
@@ -323,55 +323,6 @@ def _by_episode(batch: Batch) -> Batch:
     """The rows grouped by episode, in ``t`` order within each, as PPO's GAE needs them: a
     client that runs several simulators uploads their steps interleaved."""
     return batch[np.lexsort((np.asarray(batch.ts), np.asarray(batch.episode_ids)))]
-
-
-class EpisodeReturns:
-    """Returns of the episodes the clients played, summed from their rows as they are read.
-
-    Rows of an episode may come in any number of batches, in any order; an episode counts once all
-    its rows have come (``t`` = 0 .. its terminal row's), so a score never includes half an
-    episode. An episode whose first rows were filtered out (acted before this run's first
-    version) never completes, and never counts."""
-
-    def __init__(self, window: int) -> None:
-        self.recent: collections.deque[float] = collections.deque(maxlen=window)
-        self.count = 0
-        self._open: dict[str, list[float]] = {}  # episode_id -> [return so far, rows, length]
-
-    def add(self, batch: Batch) -> None:
-        """Sums by episode with numpy, not by run of rows in Python: clients that step several
-        simulators interleave their rows, so runs are single rows (a fifth of the loop's own
-        time per update, measured). Episodes complete in the order of their last rows."""
-        ids = np.asarray(batch.episode_ids)
-        if not len(ids):
-            return
-        ends = np.asarray(batch.terminateds, bool) | np.asarray(batch.truncateds, bool)
-        ts, rewards = np.asarray(batch.ts, np.int64), np.asarray(batch.rewards, np.float64)
-        keys, inverse = np.unique(ids, return_inverse=True)
-        sums = np.bincount(inverse, weights=rewards, minlength=len(keys))
-        counts = np.bincount(inverse, minlength=len(keys))
-        lengths = np.full(len(keys), -1, np.int64)
-        np.maximum.at(lengths, inverse[ends], ts[ends] + 1)
-        last_row = np.zeros(len(keys), np.int64)
-        np.maximum.at(last_row, inverse, np.arange(len(ids)))
-        for k in np.argsort(last_row):
-            key = str(keys[k])
-            total = self._open.setdefault(key, [0.0, 0, -1])
-            total[0] += float(sums[k])
-            total[1] += int(counts[k])
-            if lengths[k] >= 0:
-                total[2] = int(lengths[k])
-            if total[1] == total[2]:
-                del self._open[key]
-                self.recent.append(total[0])
-                self.count += 1
-
-    @property
-    def full(self) -> bool:
-        return len(self.recent) == self.recent.maxlen
-
-    def mean(self) -> float | None:
-        return float(np.mean(self.recent)) if self.recent else None
 
 
 def _online_transitions(run: Run, entry: dict[str, Any]) -> dict[str, Any]:
