@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.dataset import discovery, successors
-from pipeline.dataset.delta import restore
 from pipeline.dataset.location import locate
+from pipeline.dataset.storage_types import restore
 from pipeline.format import schema
 from pipeline.format.manifest import read_manifest
 

@@ -19,8 +19,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from pipeline.dataset import successors
-from pipeline.dataset.delta import Table, has_frame, storage_type
+from pipeline.dataset.delta import Table
 from pipeline.dataset.location import Location
+from pipeline.dataset.storage_types import has_frame, storage_type
 from pipeline.format import layout
 
 _PARTITIONING = ds.partitioning(pa.schema([(layout.PARTITION_KEY, pa.string())]), flavor="hive")
@@ -86,7 +87,7 @@ def open_dataset(
 
 def read_schema(schema: pa.Schema) -> pa.Schema:
     """The schema a scan yields: ids as dictionaries, frames as stored (binary,
-    ``delta.restore`` turns them back), ``next_observation`` nullable, plus the ``date``
+    ``storage_types.restore`` turns them back), ``next_observation`` nullable, plus the ``date``
     partition column."""
     for index, field in enumerate(schema):
         if has_frame(field.type) or field.name == successors.NEXT:

@@ -25,9 +25,10 @@ import pyarrow.dataset as ds
 from pipeline.dataset import damage, decoding, discovery, successors
 from pipeline.dataset.assembly import EpisodeAssembler
 from pipeline.dataset.batch import COLUMN_OF_FIELD, Batch
-from pipeline.dataset.delta import Snapshot, Table, restore
+from pipeline.dataset.delta import Snapshot, Table
 from pipeline.dataset.location import Location, locate
 from pipeline.dataset.reader_config import ReaderConfig, build_filter
+from pipeline.dataset.storage_types import restore
 from pipeline.errors import ConfigError, DatasetError
 from pipeline.format import layout, schema
 from pipeline.format.manifest import read_manifest

@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
 from pipeline.dataset import successors
-from pipeline.dataset.delta import add_action, to_storage
+from pipeline.dataset.delta import add_action
 from pipeline.dataset.location import Location
+from pipeline.dataset.storage_types import to_storage
 from pipeline.dataset.wal import fsync_path
 from pipeline.format import frames, layout
 
