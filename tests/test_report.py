@@ -68,3 +68,35 @@ def test_html_report_of_an_empty_dataset(tmp_path: Path) -> None:
     assert main(["inspect", str(tmp_path / "ds"), "--html", str(out)]) == 0
     figures = page_data(out.read_text(encoding="utf-8"))
     assert figures["episodes"] == [] and figures["actions"] == {"kind": "none"}
+
+
+def test_an_image_dataset_gets_a_strip_of_frames_from_a_bounded_sample(tmp_path: Path) -> None:
+    """Frames are stored as their bytes: the report reads them back as images, shows a strip of
+    thumbnails, and reads at most SAMPLE_BYTES of them (200,000 frames would be 34 GB as the
+    floats the ranges are computed from)."""
+    import gymnasium as gym
+
+    from pipeline.commands.report import FRAMES, SAMPLE_BYTES, sample_rows
+
+    space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+    assert sample_rows(space) == SAMPLE_BYTES // (84 * 84 * 3)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (41, 84, 84, 3), dtype=np.uint8)
+    rows = {
+        "episode_id": ["e"] * 40,
+        "t": np.arange(40),
+        "observation": frames[:-1],
+        "action": rng.integers(0, 2, 40),
+        "reward": np.ones(40),
+        "next_observation": frames[1:],
+        "terminated": np.arange(40) == 39,
+        "truncated": np.zeros(40, bool),
+    }
+    with DatasetWriter(tmp_path / "ds", space, gym.spaces.Discrete(2)) as writer:
+        writer.append(rows)
+    out = tmp_path / "report.html"
+    assert main(["inspect", str(tmp_path / "ds"), "--html", str(out)]) == 0
+    page = out.read_text()
+    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == FRAMES
+    ranges = page_data(page)["observations"]
+    assert ranges["of"] == 84 * 84 * 3 and len(ranges["dims"]) == 64

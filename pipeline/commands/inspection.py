@@ -138,8 +138,9 @@ def _html(
     out: str | Path,
 ) -> Path:
     """The HTML report, with the observations and actions of the first rows."""
-    from pipeline.commands.report import SAMPLE_ROWS, write_report
+    from pipeline.commands.report import sample_rows, write_report
     from pipeline.dataset import discovery
+    from pipeline.dataset.storage_types import restore
     from pipeline.format import layout, schema
 
     spaces = manifest.observation_space, manifest.action_space
@@ -149,7 +150,8 @@ def _html(
         dataset = discovery.open_dataset(
             location.filesystem, location.root, paths, step_schema, layout.STEPS
         )
-        sample = dataset.head(SAMPLE_ROWS, columns=columns)
+        stored = dataset.head(sample_rows(spaces[0]), columns=columns)
+        sample = restore(stored, step_schema)  # frames are stored as bytes, say
     else:
         sample = step_schema.empty_table().select(columns)
     tables = (steps, episodes, sample)

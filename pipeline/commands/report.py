@@ -5,7 +5,8 @@ styles, and loads nothing, so it can be mailed or attached to a ticket and opene
 shows what ``inspect`` prints (with its health findings first when there are any), returns over
 time and by policy version, the episode length histogram, the action distribution, and each
 observation dimension's range against the space's bounds. Observations and actions are read
-from at most :data:`SAMPLE_ROWS` rows (the report says so when it is fewer than all).
+from at most :data:`SAMPLE_ROWS` rows and :data:`SAMPLE_BYTES` of observations (the report says so
+when it is fewer than all); a dataset of image observations also gets a strip of thumbnails.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import numpy as np
 from pipeline import charts
 
 SAMPLE_ROWS = 200_000  # observation and action rows read for their ranges and distribution
+SAMPLE_BYTES = 64 * 2**20  # ... and at most this many bytes of observations (camera frames)
+FRAMES = 16  # frames in the thumbnail strip of an image dataset
 SHOWN_DIMS = 64  # observation dimensions listed one by one
 HISTOGRAM_BINS = 30
 
@@ -49,6 +52,7 @@ def write_report(
         title=html.escape(f"rlpipe dataset report: {report['path']}"),
         style=charts.STYLE,
         text=html.escape(text),
+        frames=_strip(spaces[0], sample),
         script=charts.script(),
         data=json.dumps(data, default=str, allow_nan=False).replace("</", "<\\/"),
         made=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -99,15 +103,61 @@ def _episodes(steps: Any, episodes: Any) -> list[list[Any]]:
     return sorted(rows, key=lambda row: row[0])
 
 
-def _values(space: gym.Space[Any], column: Any) -> np.ndarray:
-    """A column as float rows: a Box's own values, any other space flattened (one-hot)."""
+def sample_rows(space: gym.Space[Any]) -> int:
+    """How many rows the report reads: SAMPLE_ROWS, fewer for observations of many bytes."""
+    size = int(np.prod(space.shape)) * space.dtype.itemsize if space.shape and space.dtype else 8
+    return max(1, min(SAMPLE_ROWS, SAMPLE_BYTES // max(size, 1)))
+
+
+def _values(space: gym.Space[Any], column: Any, dims: int | None = None) -> np.ndarray:
+    """A column as float rows (the first ``dims`` values of each): a Box's own values, any
+    other space flattened (one-hot)."""
     from pipeline.format.codec import from_arrow
     from pipeline.format.flattening import flatten
 
     if isinstance(space, gym.spaces.Box):
-        batch = np.asarray(from_arrow(space, column), np.float64)
-        return batch.reshape(len(batch), -1)
-    return np.asarray(flatten(space, column), np.float64)
+        batch = np.asarray(from_arrow(space, column))
+        return np.asarray(batch.reshape(len(batch), -1)[:, :dims], np.float64)
+    return np.asarray(flatten(space, column), np.float64)[:, :dims]
+
+
+def _image(space: gym.Space[Any]) -> bool:
+    """A uint8 Box shaped as an image: (height, width) or (height, width, 1, 3 or 4)."""
+    shape = space.shape or ()
+    return (
+        isinstance(space, gym.spaces.Box)
+        and space.dtype == np.uint8
+        and (len(shape) == 2 or (len(shape) == 3 and shape[2] in (1, 3, 4)))
+        and min(shape[:2]) >= 8
+    )
+
+
+def _strip(space: gym.Space[Any], sample: Any) -> str:
+    """Up to FRAMES observations of the first rows, evenly spaced, as inline PNG images; empty
+    unless the observations are images."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from pipeline.format.codec import from_arrow
+
+    if not _image(space) or sample.num_rows == 0:
+        return ""
+    picked = np.unique(np.linspace(0, sample.num_rows - 1, FRAMES).astype(np.int64))
+    frames = np.asarray(from_arrow(space, sample.column("observation").take(picked)))
+    images = []
+    for row, frame in zip(picked.tolist(), frames, strict=True):
+        buffer = io.BytesIO()
+        Image.fromarray(
+            frame.squeeze(-1) if frame.ndim == 3 and frame.shape[2] == 1 else frame
+        ).save(buffer, format="PNG")
+        data = base64.b64encode(buffer.getvalue()).decode()
+        images.append(f'<img src="data:image/png;base64,{data}" title="row {row}" alt="row {row}">')
+    return (
+        '<div class="panel"><h2>Observations (rows of the sample, evenly spaced)</h2>'
+        f'<div class="strip">{"".join(images)}</div></div>'
+    )
 
 
 def _distribution(space: gym.Space[Any], sample: Any, name: str) -> dict[str, Any]:
@@ -120,12 +170,12 @@ def _distribution(space: gym.Space[Any], sample: Any, name: str) -> dict[str, An
         labels = list(range(int(space.start), int(space.start + space.n)))
         tally = [int((values == label).sum()) for label in labels]
         return {"kind": "counts", "labels": labels, "counts": tally}
-    values = _values(space, column)
+    values = _values(space, column, 8)
     dims = []
-    for d in range(min(values.shape[1], 8)):
+    for d in range(values.shape[1]):
         counts, edges = np.histogram(values[:, d], bins=HISTOGRAM_BINS)
         dims.append({"counts": counts.tolist(), "edges": edges.tolist()})
-    return {"kind": "histograms", "dims": dims, "of": values.shape[1]}
+    return {"kind": "histograms", "dims": dims, "of": flat_size(space)}
 
 
 def _ranges(space: gym.Space[Any], sample: Any) -> dict[str, Any]:
@@ -133,7 +183,7 @@ def _ranges(space: gym.Space[Any], sample: Any) -> dict[str, Any]:
     (a Box's; other spaces are flattened, one-hot, and have none), and how many rows fall out."""
     if sample.num_rows == 0:
         return {"dims": [], "of": 0}
-    values = _values(space, sample.column("observation"))
+    values = _values(space, sample.column("observation"), SHOWN_DIMS)
     low = high = None
     if isinstance(space, gym.spaces.Box):
         low = np.asarray(space.low, np.float64).reshape(-1)
@@ -153,7 +203,14 @@ def _ranges(space: gym.Space[Any], sample: Any) -> dict[str, Any]:
                 "outside": outside,
             }
         )
-    return {"dims": dims, "of": values.shape[1]}
+    return {"dims": dims, "of": flat_size(space)}
+
+
+def flat_size(space: gym.Space[Any]) -> int:
+    """Values a row of ``space`` holds (flattened, one-hot)."""
+    from pipeline.format.flattening import flatdim
+
+    return int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) else flatdim(space)
 
 
 _PAGE = """<!doctype html>
@@ -175,6 +232,8 @@ table {{ border-collapse: collapse; font-size: 12px; font-variant-numeric: tabul
 th, td {{ padding: 2px 8px; border-bottom: 1px solid #f3f4f6; text-align: right; }}
 .bad {{ color: #b91c1c; font-weight: 600; }} .ok {{ color: #15803d; font-weight: 600; }}
 .note {{ color: #6b7280; font-size: 12px; }}
+.strip {{ display: flex; flex-wrap: wrap; gap: 4px; }}
+.strip img {{ width: 84px; image-rendering: pixelated; border: 1px solid #e5e7eb; }}
 </style>
 </head>
 <body>
@@ -188,6 +247,7 @@ th, td {{ padding: 2px 8px; border-bottom: 1px solid #f3f4f6; text-align: right;
   <div class="panel"><h2>Episode lengths</h2><div id="lengths"></div></div>
   <div class="panel"><h2>Actions</h2><div id="actions"></div></div>
 </div>
+{frames}
 <div class="panel"><h2>Observation ranges per dimension, against the space</h2>
   <div id="observations"></div></div>
 <div class="panel"><h2>Summary (rlpipe inspect)</h2><pre>{text}</pre></div>
