@@ -8,7 +8,8 @@ import os
 # torch's default of one thread per core makes small-network updates ~15x slower here.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,27 @@ def play_client(client: Any, episodes: int, seed: int) -> list[int]:
         lengths.append(t)
     env.close()
     return lengths
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    """One local Ray for the whole run, without its dashboard (Ray takes seconds to start): 3
+    CPUs, for 2 Ray Train workers and Ray Data's reads."""
+    try:
+        import ray
+        import ray.data
+        import ray.train
+    except ImportError:
+        message = "Ray is not installed (pip install 'rlpipe[ray]'; the test extra has it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # CI installs the test extra: there the test must run
+        pytest.skip(message)
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    with warnings.catch_warnings():
+        # Ray 2.60's DataContext sets fields it has itself deprecated, and warns about them
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="ray.data.context")
+        ray.data.DataContext.get_current()  # made once, here; kept for the process
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

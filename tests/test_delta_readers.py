@@ -6,8 +6,6 @@ commits of CartPole episodes."""
 
 from __future__ import annotations
 
-import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -100,28 +98,6 @@ def test_polars_reads_the_rows_input_reader_reads(dataset: tuple[Location, Expec
     assert found["rows"] == expected.rows
     assert found["reward"] == pytest.approx(expected.reward)
     assert found["episodes"] == len(expected.episode_ids)
-
-
-@pytest.fixture(scope="module")
-def ray_session() -> Iterator[Any]:
-    """Ray on one CPU, without its dashboard, once for the module."""
-    try:
-        import ray
-        import ray.data
-    except ImportError:
-        message = "Ray Data is not installed (pip install 'rlpipe[ray]'; the test extra has it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs the test extra: there the test must run
-        pytest.skip(message)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    with warnings.catch_warnings():
-        # Ray 2.60's DataContext sets fields it has itself deprecated, and warns about them
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module="ray.data.context")
-        ray.data.DataContext.get_current()  # made once, here; kept for the process
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
 
 
 def test_ray_data_reads_the_rows_input_reader_reads(

@@ -14,8 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,33 +143,10 @@ def test_workers_are_for_offline_training(
     assert "train.workers: expected 1 learner with --follow" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Any]:
-    """One local Ray for the module: 2 Train workers and Ray Data's reads."""
-    try:
-        import ray
-        import ray.data
-        import ray.train
-    except ImportError:
-        message = "Ray Train is not installed (pip install 'rlpipe[ray]'; the test extra has it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs the test extra: there the test must run
-        pytest.skip(message)
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    with warnings.catch_warnings():
-        # Ray 2.60's DataContext sets fields it has itself deprecated, and warns about them
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module="ray.data.context")
-        ray.data.DataContext.get_current()
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bc_on_two_ray_workers_serves_the_same_return(
-    ray_cluster: Any, tmp_path: Path, expert_rows: tuple[int, int]
+    ray_session: Any, tmp_path: Path, expert_rows: tuple[int, int]
 ) -> None:
     run_dir = tmp_path / "ray"
     argv = ["train", "bc", "--data", str(EXPERT), "--run-dir", str(run_dir), "--ray", *SHORT]
