@@ -270,9 +270,12 @@ def _side(name: str, runs: list[Run]) -> None:
         median = "missed" if middle is None else f"{middle:,.0f}{unit}"
         return f"median {median} ({min(known):,.0f}-{max(known):,.0f}{missed})"
 
-    print(f"  {name}: seconds {spread([r.seconds for r in runs], ' s')}; "
-          f"env steps {spread([r.env_steps if r.seconds else None for r in runs], '')}; "
-          f"steps/s {spread([r.steps_per_s for r in runs], '')}", flush=True)  # fmt: skip
+    print(
+        f"  {name}: seconds {spread([r.seconds for r in runs], ' s')}; "
+        f"env steps {spread([r.env_steps if r.seconds else None for r in runs], '')}; "
+        f"steps/s {spread([r.steps_per_s for r in runs], '')}",
+        flush=True,
+    )
 
 
 def _ratio(name: str, ours: float | None, theirs: float | None) -> float | None:
@@ -344,8 +347,11 @@ def _interleaved(run: OnlineRun, root: Path, budget: float, seeds: int) -> tuple
             else:
                 theirs.append(baseline(budget, seed))
             last = (ours if side == "rlpipe" else theirs)[-1]
-            print(f"{run.algorithm} seed {seed} {side}: {_seconds(last.seconds)}, "
-                  f"{last.env_steps} env steps", flush=True)  # fmt: skip
+            print(
+                f"{run.algorithm} seed {seed} {side}: {_seconds(last.seconds)}, "
+                f"{last.env_steps} env steps",
+                flush=True,
+            )
     return ours, theirs
 
 
@@ -360,8 +366,10 @@ def _offline_figures(only: set[str], root: Path, budget: float, seeds: int) -> d
     if only & {"bc", "marwil"} and cartpole.is_dir():
         data = rllib_dataset(cartpole, root / "rllib-cartpole", "CartPole-v1", 200)
         for algorithm in sorted(only & {"bc", "marwil"}):
-            scores = [offline(algorithm, data, root, min(budget, 60.0), 500.0, seed)
-                      for seed in range(seeds)]  # fmt: skip
+            scores = [
+                offline(algorithm, data, root, min(budget, 60.0), 500.0, seed)
+                for seed in range(seeds)
+            ]
             print(f"{algorithm.upper()} on RLlib CartPole: eval return {_scores(scores)} "
                   "(RLlib's learning test asks 350)", flush=True)  # fmt: skip
             figures[f"{algorithm}_rllib_cartpole_return"] = _least(scores)

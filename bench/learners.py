@@ -47,10 +47,18 @@ def write_play(path: Path, env_id: str, rows: int) -> Path:
     for _ in range(rows):
         action = env.action_space.sample()
         after, reward, terminated, truncated, _ = env.step(action)
-        row = {"episode_id": f"e{episode}", "t": t, "observation": observation,
-               "action": action, "reward": float(reward), "next_observation": after,
-               "terminated": terminated, "truncated": truncated, "action_logp": -0.7,
-               "policy_version": 1}  # fmt: skip
+        row = {
+            "episode_id": f"e{episode}",
+            "t": t,
+            "observation": observation,
+            "action": action,
+            "reward": float(reward),
+            "next_observation": after,
+            "terminated": terminated,
+            "truncated": truncated,
+            "action_logp": -0.7,
+            "policy_version": 1,
+        }
         for key, value in row.items():
             columns.setdefault(key, []).append(value)
         observation, t = after, t + 1
@@ -63,8 +71,9 @@ def write_play(path: Path, env_id: str, rows: int) -> Path:
 
 
 def _rank(rank: int, world: int, port: int, algorithm: str, data: str, args: Any, out: Any) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     from pipeline.trainers.command import make_trainer
     from pipeline.trainers.distributed import Group
     from pipeline.trainers.loop import _by_episode
@@ -99,8 +108,12 @@ def measure(algorithm: str, data: Path, world: int, args: Any) -> tuple[float, f
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.start_processes(_rank, args=(world, port, algorithm, str(data), args, out), nprocs=world,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(
+        _rank,
+        args=(world, port, algorithm, str(data), args, out),
+        nprocs=world,
+        start_method="spawn",
+    )
     results = dict(out.get() for _ in range(world))
     walls = [max(results[r][b][0] for r in results) for b in range(args.rounds)]
     cpus = [sum(results[r][b][1] for r in results) for b in range(args.rounds)]
@@ -123,9 +136,11 @@ def main() -> None:
             two = measure(
                 algorithm, data, 2, argparse.Namespace(**{**vars(args), "updates": updates})
             )
-            print(f"{algorithm}: 1 rank {one[0] * 1e3:.1f} ms/update ({one[1] * 1e3:.1f} ms CPU); "
-                  f"2 ranks {two[0] * 1e3:.1f} ms/update ({two[1] * 1e3:.1f} ms CPU)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{algorithm}: 1 rank {one[0] * 1e3:.1f} ms/update ({one[1] * 1e3:.1f} ms CPU); "
+                f"2 ranks {two[0] * 1e3:.1f} ms/update ({two[1] * 1e3:.1f} ms CPU)",
+                file=sys.stderr,
+            )
             figures |= {
                 f"{algorithm}_ms_per_update_1": one[0] * 1e3,
                 f"{algorithm}_ms_per_update_2": two[0] * 1e3,

@@ -28,8 +28,9 @@ def _column(rows: int) -> pa.Array:
 @pytest.mark.parametrize("rows", [0, 1, 5])
 def test_frames_go_to_bytes_and_back_sliced_and_with_nulls(rows: int) -> None:
     column = _column(rows + 2).slice(1, rows)
-    holed = pc.if_else(pa.array([i % 2 == 0 for i in range(rows)], pa.bool_()),
-                       pa.nulls(rows, column.type), column)  # fmt: skip
+    holed = pc.if_else(
+        pa.array([i % 2 == 0 for i in range(rows)], pa.bool_()), pa.nulls(rows, column.type), column
+    )
     for array in (column, holed):
         stored = frames.to_binary(array)
         stored.validate(full=True)

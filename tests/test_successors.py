@@ -66,8 +66,9 @@ def test_next_observations_are_stored_once_and_read_back_exactly(
         reader = InputReader(tmp_path, batch_size=100, training_enabled=training)
         batch = reader.next()
         order = np.lexsort((batch.ts, batch.episode_ids))
-        expected = [e["next_observation"][e["training_enabled"] | (training is None)]
-                    for e in episodes]  # fmt: skip
+        expected = [
+            e["next_observation"][e["training_enabled"] | (training is None)] for e in episodes
+        ]
         got = batch.next_observations[order]
         np.testing.assert_array_equal(got.view(np.uint8), np.concatenate(expected).view(np.uint8))
 
@@ -79,8 +80,9 @@ def test_frames_are_their_bytes_for_readers_in_other_languages(tmp_path: Path) -
     _write(tmp_path, FRAME, [episode])
     [shard] = discovery.list_shards(locate(tmp_path))
     frames = pl.read_parquet(shard).sort("t")["observation"].to_list()
-    assert np.array_equal(np.frombuffer(frames[1], np.uint8).reshape(84, 84, 3),
-                          episode["observation"][1])  # fmt: skip
+    assert np.array_equal(
+        np.frombuffer(frames[1], np.uint8).reshape(84, 84, 3), episode["observation"][1]
+    )
     rows = duckdb.sql(
         f"SELECT coalesce(next_observation, lead(observation) OVER "
         f"(PARTITION BY episode_id, agent_id ORDER BY t)) FROM read_parquet('{shard}') ORDER BY t"
@@ -110,5 +112,6 @@ def test_a_successor_appended_later_into_the_same_file_still_holds_the_frame(
     stored = pq.read_table(shard).column("next_observation")
     assert stored.null_count == 5  # only the last row carries its next frame
     batch = InputReader(tmp_path, batch_size=100).next()
-    np.testing.assert_array_equal(batch.next_observations[np.argsort(batch.ts)],
-                                  episode["next_observation"])  # fmt: skip
+    np.testing.assert_array_equal(
+        batch.next_observations[np.argsort(batch.ts)], episode["next_observation"]
+    )
