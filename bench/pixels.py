@@ -35,7 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve import _accepted, _cpu_seconds, _free_port, _wait_up
+from serve import _accepted, _cpu_seconds
+
+from server import process
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (84, 84, 3)
@@ -209,8 +211,9 @@ def _settled(url: str, patience_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def _serve(data: Path, port: int, space: Any = None) -> subprocess.Popen[bytes]:
-    """``rlpipe serve --spaces`` for frames (or ``space``) and two actions, once it answers."""
+def _serve(data: Path, space: Any = None) -> tuple[subprocess.Popen[str], str]:
+    """``rlpipe serve --spaces`` for frames (or ``space``) and two actions, on a port the OS
+    picks: the process and its address, once it listens."""
     import gymnasium as gym
 
     from pipeline.format.spaces import space_to_json
@@ -223,28 +226,12 @@ def _serve(data: Path, port: int, space: Any = None) -> subprocess.Popen[bytes]:
         "action_space": space_to_json(gym.spaces.Discrete(2)),
     }
     spaces.write_text(json.dumps(doc))
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "serve",
-            "--data",
-            str(data),
-            "--spaces",
-            str(spaces),
-            "--port",
-            str(port),
-        ],
-        cwd=ROOT,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait_up(f"http://127.0.0.1:{port}/v1/health", server)
+    server, url = process.start(["--data", str(data), "--spaces", str(spaces)], cwd=ROOT)
     SERVER["pid"] = server.pid
-    return server
+    return server, url
 
 
-def _stop(server: subprocess.Popen[bytes]) -> None:
+def _stop(server: subprocess.Popen[str]) -> None:
     server.terminate()  # a clean stop commits every row
     server.wait(120)
 
@@ -334,7 +321,7 @@ def _bytes_per_step(data: Path) -> float:
     return sum(shard.stat().st_size for shard in shards) / max(1, rows) / np.prod(SHAPE)
 
 
-def _delivery(url: str, data: Path, seconds: float, server: subprocess.Popen[bytes]) -> bool:
+def _delivery(url: str, data: Path, seconds: float, server: subprocess.Popen[str]) -> bool:
     """One local client at full speed for ``seconds``: every step delivered, each stored once."""
     import pandas as pd
 
@@ -359,12 +346,10 @@ def run(seconds: float, delivery_seconds: float) -> None:
     figures: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory() as tmp:
         np.save(Path(tmp) / "rendered.npy", rendered_frames(512))
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
         for frames in ("random", str(Path(tmp) / "rendered.npy")):
             label = "random" if frames == "random" else "rendered"
             data = Path(tmp) / label
-            server = _serve(data, port)
+            server, url = _serve(data)
             try:
                 steps = _remote(url, seconds, frames, label)
                 if label == "random":
@@ -382,9 +367,8 @@ def run(seconds: float, delivery_seconds: float) -> None:
         figures["image_bytes_per_step_vs_frame"] = figures.pop("random_bytes_per_step_vs_frame")
         if delivery_seconds > 0:
             data = Path(tmp) / "delivery"
-            figures["delivery_ok"] = float(
-                _delivery(url, data, delivery_seconds, _serve(data, port))
-            )
+            server, url = _serve(data)
+            figures["delivery_ok"] = float(_delivery(url, data, delivery_seconds, server))
     for key, bar in BARS.items():
         value = figures.get(key)
         if value is not None:
@@ -400,13 +384,12 @@ def threshold(seconds: float) -> None:
 
     from pipeline.client import PolicyClient, binary
 
-    port = _free_port()
     for size in (4, 64, 256, 512, 1024, 4096):
         with tempfile.TemporaryDirectory() as tmp:
             env = gym.spaces.Box(-1, 1, (size,), np.float32)
-            server = _serve(Path(tmp) / "ds", port, env)
+            server, url = _serve(Path(tmp) / "ds", env)
             try:
-                client = PolicyClient(f"http://127.0.0.1:{port}", inference_mode="remote")
+                client = PolicyClient(url, inference_mode="remote")
                 rates = []
                 for limit in (1 << 62, 0):
                     binary.BINARY_MIN_BYTES = limit
