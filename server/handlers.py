@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from pipeline.errors import StorageError
-from pipeline.format import layout
+from pipeline.format import layout, seeds
 from pipeline.recording.episode import Episode, episode_id_of
 from server import binary, errors, requests
 from server.config import ServerConfig
@@ -31,7 +31,6 @@ from server.messages import (
     json_value,
     parse_json,
 )
-from server.messages import seed as reset_seed
 from server.service import Service
 from server.stepper import Answer, Request
 from server.uploads import json_table, parse_seq, read_arrow
@@ -101,7 +100,7 @@ def _episode(
         episode_id=episode_id,
         client_id=client_id_of(doc.get("client_id")) or remote_addr or "",
         training_enabled=flag(doc.get("training_enabled", True), "training_enabled"),
-        seed=reset_seed(doc.get("seed"), "seed"),
+        seed=seeds.checked(doc.get("seed")),
         reset_options=json_value(doc.get("options"), "options"),
         env_id=service.env_id,
     )

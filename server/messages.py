@@ -177,15 +177,6 @@ def int64(value: Any, name: str) -> int | None:
     return value
 
 
-def seed(value: Any, name: str) -> int | None:
-    """A reset seed as gymnasium takes it: an integer in [0, 2**64), or null."""
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64
-    ):
-        raise bad_request(name, "an integer seed in [0, 2**64) or null", repr(value))
-    return value
-
-
 def flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise bad_request(name, "true or false", repr(value))
