@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -208,13 +207,13 @@ def test_an_append_whose_fsync_failed_is_stored_once_when_retried(tmp_path: Path
         recover(data)
     stored = pq.read_table(data / layout.STEPS, columns=["client_id", "episode_id", "t"])
     rows = collections.Counter(zip(*stored.to_pydict().values(), strict=True))
+    rollouts = {
+        client: cartpole_rollout(steps, seed, client)
+        for client, seed, steps in (("a", 1, 30), ("b", 2, 40))
+    }
     expected = collections.Counter(
         (client, episode_id, t)
-        for client, seed, steps in (("a", 1, 30), ("b", 2, 40))
-        for episode_id, t in zip(*_ids(cartpole_rollout(steps, seed, client)), strict=True)
+        for client, rollout in rollouts.items()
+        for episode_id, t in zip(rollout["episode_id"], rollout["t"], strict=True)
     )
     assert rows == expected, rows - expected
-
-
-def _ids(columns: dict[str, Any]) -> tuple[list[str], list[int]]:
-    return columns["episode_id"], columns["t"]
