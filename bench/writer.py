@@ -40,7 +40,7 @@ def durable_rate(
     acknowledged = time.perf_counter() - started
     writer.close()
     committed = time.perf_counter() - started
-    size = sum(p.stat().st_size for p in root.glob("steps/*/*.parquet"))
+    size = sum(p.stat().st_size for p in root.glob("steps/date=*/*.parquet"))
     return total / acknowledged, total / committed, size
 
 

@@ -240,7 +240,7 @@ def test_pandas_reads_the_files_unchanged(make_dataset: Any) -> None:
 def test_duckdb_reads_the_files_unchanged(make_dataset: Any) -> None:
     duckdb = pytest.importorskip("duckdb")
     path = make_dataset(steps=500)
-    files = f"{path}/steps/*/*.parquet"
+    files = f"{path}/steps/date=*/*.parquet"
     query = f"SELECT count(*), sum(reward), max(len(observation)) FROM read_parquet('{files}')"
     assert duckdb.execute(query).fetchall() == [(500, 500.0, 4)]
 

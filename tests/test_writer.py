@@ -183,7 +183,8 @@ def test_shards_roll_by_bytes(tmp_path: Path) -> None:
         for start in range(0, 1000, 100):
             writer.append({key: value[start : start + 100] for key, value in rows.items()})
         writer.flush()
-        sizes = [pq.read_metadata(s).num_rows for s in sorted(tmp_path.glob("steps/*/*.parquet"))]
+        shards = sorted(tmp_path.glob("steps/date=*/*.parquet"))
+        sizes = [pq.read_metadata(shard).num_rows for shard in shards]
     assert sum(sizes) == 1000 and len(sizes) >= 4
     assert all(size <= 200 for size in sizes)
 
