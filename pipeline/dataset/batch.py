@@ -89,8 +89,8 @@ class Batch:
             value = getattr(self, name)
             if value is not None:
                 plain = type(value) is np.ndarray
-                fields[name] = function(value) if plain else _apply(function, value)
-        extras = {key: _apply(function, value) for key, value in self.extras.items()}
+                fields[name] = function(value) if plain else map_leaves(function, value)
+        extras = {key: map_leaves(function, value) for key, value in self.extras.items()}
         return Batch(**fields, extras=extras)
 
     def split(self, size: int) -> list[Batch]:
@@ -143,7 +143,7 @@ _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Batch) if f.name != "ext
 def length(value: Any) -> int:
     """Rows in a field's value: an array, or a dict or tuple of them (Dict and Tuple spaces)."""
     if isinstance(value, Mapping):
-        return length(next(iter(value.values())))
+        return length(next(iter(value.values()))) if value else 0
     if isinstance(value, tuple):
         return length(value[0])
     return len(value)
@@ -186,9 +186,10 @@ def join(values: list[Any]) -> Any:
     return np.concatenate([np.asarray(value) for value in values])
 
 
-def _apply(function: Any, value: Any) -> Any:
+def map_leaves(function: Any, value: Any) -> Any:
+    """``function`` of each array of a value, in its dicts and tuples (Dict and Tuple spaces)."""
     if isinstance(value, Mapping):
-        return {key: _apply(function, item) for key, item in value.items()}
+        return {key: map_leaves(function, item) for key, item in value.items()}
     if isinstance(value, tuple):
-        return tuple(_apply(function, item) for item in value)
+        return tuple(map_leaves(function, item) for item in value)
     return function(value)

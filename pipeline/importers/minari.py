@@ -29,6 +29,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from pipeline.dataset.batch import join, length, map_leaves
 from pipeline.errors import DatasetError, SpaceError
 from pipeline.format.spaces import space_from_json
 from pipeline.importers.minari_files import (
@@ -194,7 +195,7 @@ def _steps(episodes: Iterator[MinariEpisode]) -> SourceSteps:
             parts.setdefault(key, []).append(value)
     if not parts:
         raise DatasetError("the Minari dataset holds no episodes")
-    columns = {key: _concat(values) for key, values in parts.items()}
+    columns = {key: join(values) for key, values in parts.items()}
     for key in ("infos", "reset_options", "seeds"):
         if all(value is None for value in columns[key]):
             columns[key] = None
@@ -205,8 +206,8 @@ def _episode_columns(episode: MinariEpisode) -> dict[str, Any]:
     n = len(episode.rewards)
     where = f"episode {episode.id}"
     lengths = {
-        "observations": _rows(episode.observations) - 1,
-        "actions": _rows(episode.actions),
+        "observations": length(episode.observations) - 1,
+        "actions": length(episode.actions),
         "terminations": len(episode.terminations),
         "truncations": len(episode.truncations),
     }
@@ -221,8 +222,8 @@ def _episode_columns(episode: MinariEpisode) -> dict[str, Any]:
         "seeds": _constant(episode.seed, n),
         "reset_options": _constant(episode.options, n),
         "infos": _step_infos(episode.infos, n, where),
-        "observations": _take(episode.observations, slice(0, n)),
-        "next_observations": _take(episode.observations, slice(1, n + 1)),
+        "observations": map_leaves(lambda array: np.asarray(array)[:n], episode.observations),
+        "next_observations": map_leaves(lambda array: np.asarray(array)[1:], episode.observations),
         "actions": episode.actions,
         "rewards": np.asarray(episode.rewards, dtype=np.float64),
         "terminateds": episode.terminations,
@@ -241,7 +242,7 @@ def _step_infos(infos: dict[str, Any] | None, n: int, where: str) -> np.ndarray:
     """Row ``t`` gets the info that ``step`` returned (Minari's row ``t + 1``)."""
     if not infos:
         return _constant(None, n)
-    rows = _rows(infos)
+    rows = length(infos)
     if rows != n + 1:
         raise DatasetError(f"{where}: infos hold {rows} rows; expected {n + 1} (steps + reset)")
     column = np.empty(n, dtype=object)
@@ -249,34 +250,5 @@ def _step_infos(infos: dict[str, Any] | None, n: int, where: str) -> np.ndarray:
     return column
 
 
-def _rows(value: Any) -> int:
-    if isinstance(value, dict):
-        return _rows(next(iter(value.values()))) if value else 0
-    if isinstance(value, tuple):
-        return _rows(value[0])
-    return len(value)
-
-
 def _row(value: Any, t: int) -> Any:
-    if isinstance(value, dict):
-        return {key: _row(item, t) for key, item in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_row(item, t) for item in value)
-    return value[t]
-
-
-def _take(value: Any, rows: slice) -> Any:
-    if isinstance(value, dict):
-        return {key: _take(item, rows) for key, item in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_take(item, rows) for item in value)
-    return np.asarray(value)[rows]
-
-
-def _concat(parts: list[Any]) -> Any:
-    first = parts[0]
-    if isinstance(first, dict):
-        return {key: _concat([part[key] for part in parts]) for key in first}
-    if isinstance(first, tuple):
-        return tuple(_concat([part[i] for part in parts]) for i in range(len(first)))
-    return np.concatenate(parts)
+    return map_leaves(lambda array: array[t], value)

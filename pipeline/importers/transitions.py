@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pyarrow.fs as pafs
 
-from pipeline.dataset.batch import length
+from pipeline.dataset.batch import length, map_leaves
 from pipeline.dataset.location import Location, locate
 from pipeline.dataset.writer import DatasetWriter
 from pipeline.errors import ConfigError, DatasetError, RlpipeWarning
@@ -292,12 +292,7 @@ def _episode_columns(
 
 
 def _rows(batch: Any, rows: np.ndarray) -> Any:
-    """Rows of a batch (dicts and tuples of arrays for Dict and Tuple spaces), as a batch."""
-    if isinstance(batch, dict):
-        return {key: _rows(value, rows) for key, value in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_rows(value, rows) for value in batch)
-    return np.asarray(batch)[rows]
+    return map_leaves(lambda array: np.asarray(array)[rows], batch)
 
 
 def _seeds(values: np.ndarray) -> list[int | None]:

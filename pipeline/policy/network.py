@@ -13,6 +13,7 @@ from typing import Any, cast
 import gymnasium as gym
 import numpy as np
 
+from pipeline.dataset.batch import map_leaves
 from pipeline.errors import DatasetError
 from pipeline.format import flattening
 from pipeline.policy import encoder
@@ -76,7 +77,9 @@ class NumpyPolicy:
         else is :meth:`act` on a batch of one.
         """
         if self._box_width is None or self.spec.distribution != "categorical":
-            actions, logp = self.act(_batch_of_one(observation), rng, explore)
+            actions, logp = self.act(
+                map_leaves(lambda leaf: np.asarray(leaf)[None], observation), rng, explore
+            )
             return row_of(actions, 0), float(logp[0])
         x = np.asarray(observation, np.float32).reshape(self._box_width)
         # x.dot(w) is the BLAS gemv that x @ w calls, bit for bit, without the ufunc machinery
@@ -181,15 +184,6 @@ def _check_shapes(checkpoint: Checkpoint) -> None:
                 f"checkpoint version {checkpoint.version}: array '{name}': "
                 f"expected shape {shape}, got {got.shape}"
             )
-
-
-def _batch_of_one(observation: Any) -> Any:
-    """A single observation of any space as a batch of one, in the layout of ``codec``."""
-    if isinstance(observation, dict):
-        return {key: _batch_of_one(value) for key, value in observation.items()}
-    if isinstance(observation, tuple):
-        return tuple(_batch_of_one(value) for value in observation)
-    return np.asarray(observation)[None]
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
