@@ -258,30 +258,11 @@ def _reset_args(
 
     from pipeline.dataset import discovery
     from pipeline.dataset.location import locate
-    from pipeline.format import layout, schema, seeds
 
-    location = locate(path)
-    paths = discovery.list_shards(location, layout.EPISODES)
-    if not paths:
-        return None, None
-    dataset = discovery.open_dataset(
-        location.filesystem, location.root, paths, schema.EPISODE_SCHEMA, layout.EPISODES
-    )
-    condition = ds.field("episode_id") == episode_id
+    keep = ds.field("episode_id") == episode_id
     if agent_id:
-        condition = condition & (ds.field("agent_id") == agent_id)
-    columns = ["seed", "reset_options", "logged_at"]
-    rows = [
-        row
-        for batch in discovery.rows_where(dataset, columns, condition)
-        for row in batch.to_pylist()
-    ]
-    if not rows:
-        return None, None
-    last = max(rows, key=lambda row: row["logged_at"])
-    options = last["reset_options"]
-    seed = seeds.from_storage(last["seed"])  # seeds past 2**63 - 1 are stored negative
-    return seed, json.loads(options) if isinstance(options, str) else None
+        keep = keep & (ds.field("agent_id") == agent_id)
+    return discovery.reset_args(locate(path), keep).get(episode_id, (None, None))
 
 
 def _execute(

@@ -8,9 +8,11 @@ on who reads what.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +24,8 @@ from pipeline.dataset import successors
 from pipeline.dataset.delta import Table
 from pipeline.dataset.location import Location
 from pipeline.dataset.storage_types import has_frame, storage_type
-from pipeline.format import layout
+from pipeline.format import layout, seeds
+from pipeline.format.schema import EPISODE_SCHEMA
 
 _PARTITIONING = ds.partitioning(pa.schema([(layout.PARTITION_KEY, pa.string())]), flavor="hive")
 # Ids repeat across rows and are stored dictionary-encoded; reading them as dictionaries skips
@@ -154,3 +157,26 @@ def rows_where(
         mask = batch.column(_KEEP)
         kept = batch.select(names)
         yield kept if mask.null_count == 0 and pc.all(mask).as_py() else kept.filter(mask)
+
+
+def reset_args(
+    location: Location, keep: ds.Expression | None = None
+) -> dict[str, tuple[int | None, Any]]:
+    """episode id -> (seed, reset options) from the episodes table's latest row of each episode
+    that ``keep`` keeps."""
+    paths = list_shards(location, layout.EPISODES)
+    if not paths:
+        return {}
+    dataset = open_dataset(
+        location.filesystem, location.root, paths, EPISODE_SCHEMA, layout.EPISODES
+    )
+    columns = ["episode_id", "seed", "reset_options", "logged_at"]
+    rows = [row for batch in rows_where(dataset, columns, keep) for row in batch.to_pylist()]
+    found = {}
+    for row in sorted(rows, key=lambda row: row["logged_at"]):
+        options = row["reset_options"]
+        found[row["episode_id"]] = (
+            seeds.from_storage(row["seed"]),  # seeds past 2**63 - 1 are stored negative
+            json.loads(options) if isinstance(options, str) else None,
+        )
+    return found

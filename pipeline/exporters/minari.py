@@ -14,7 +14,6 @@ which rlpipe does not keep) and datasets with several agents (a Minari episode h
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from pipeline.dataset import discovery
 from pipeline.dataset.location import Location, locate
 from pipeline.errors import DatasetError, RlpipeError
 
@@ -72,7 +72,7 @@ def export_minari(
     location = locate(src)
     manifest = read_manifest(location)
     name = dataset_id or f"rlpipe/{_name(location)}-v0"
-    reset = _reset_args(location)
+    reset = discovery.reset_args(location)
     buffers = [
         EpisodeBuffer(
             id=number,
@@ -144,28 +144,6 @@ def _with_last(observations: Any, next_observations: Any) -> Any:
     if isinstance(observations, tuple):
         return tuple(_with_last(o, n) for o, n in zip(observations, next_observations, strict=True))
     return np.concatenate([observations, next_observations[-1:]])
-
-
-def _reset_args(location: Location) -> dict[str, tuple[int | None, dict[str, Any] | None]]:
-    """episode id -> (seed, reset options), from the episodes table's latest row per episode."""
-    from pipeline.dataset import discovery
-    from pipeline.format import layout, schema, seeds
-
-    paths = discovery.list_shards(location, layout.EPISODES)
-    if not paths:
-        return {}
-    dataset = discovery.open_dataset(
-        location.filesystem, location.root, paths, schema.EPISODE_SCHEMA, layout.EPISODES
-    )
-    rows = dataset.to_table(columns=["episode_id", "seed", "reset_options", "logged_at"])
-    found: dict[str, tuple[int | None, dict[str, Any] | None]] = {}
-    for row in rows.sort_by("logged_at").to_pylist():
-        options = row["reset_options"]
-        found[row["episode_id"]] = (
-            seeds.from_storage(row["seed"]),
-            json.loads(options) if isinstance(options, str) else None,
-        )
-    return found
 
 
 def _spec(env_id: str | None) -> Any:
