@@ -35,22 +35,11 @@ _TEXT, _INT, _FLOAT, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 _SPACE = None  # the column holds values of a space: its type is the space's Arrow type
 
 # the columns each form takes, and their Arrow types (the JSON body's fields)
+_STEP = {"observation": _SPACE, "reward": _FLOAT, "request": _INT, "info": _TEXT}
 STEP_COLUMNS: dict[str, dict[str, pa.DataType | None]] = {
-    "actions": {"observation": _SPACE, "reward": _FLOAT, "request": _INT, "info": _TEXT},
-    "logged-actions": {
-        "observation": _SPACE,
-        "action": _SPACE,
-        "reward": _FLOAT,
-        "request": _INT,
-        "info": _TEXT,
-    },
-    "end": {
-        "observation": _SPACE,
-        "reward": _FLOAT,
-        "request": _INT,
-        "info": _TEXT,
-        "truncated": _BOOL,
-    },
+    "actions": _STEP,
+    "logged-actions": {**_STEP, "action": _SPACE},
+    "end": {**_STEP, "truncated": _BOOL},
 }
 BATCH_COLUMNS: dict[str, pa.DataType | None] = {
     "episode_ids": _TEXT,

@@ -1,11 +1,8 @@
 """The app on granian: HTTP parsed and answered in Rust, the app in one worker process.
 
 Why granian: a step of remote inference is one small request, so the HTTP server's own cost per
-request bounds the steps per second. A bare WSGI route on waitress (pure Python, our server
-before) cost the server about 350 us of CPU per request with 8 clients on this 2-core machine,
-on granian about 70 us, and ``bench/serve.py``'s remote steps per second with 8 clients rose
-from about 900 to about 1,200. Granian is well kept (releases every few weeks, wheels for
-Linux, macOS and Windows), and its WSGI interface runs Flask unchanged.
+request bounds the steps per second. With 8 clients on 2 cores waitress (pure Python) cost about
+350 us of CPU per request, granian about 70 us; and its WSGI interface runs Flask unchanged.
 
 One worker, never more: open episodes and the dataset writer's log live in the app's memory, so
 a second worker would split episodes between two writers. Granian's supervisor is this process:
@@ -13,23 +10,17 @@ it binds the socket and forks the worker, which builds the app (so the writer's 
 after the fork), serves it from ``threads`` Python threads, and closes it (open episodes ended
 as truncated, shards committed) when the supervisor is told to stop (SIGINT, SIGTERM). On Linux
 the worker dies with the supervisor (``PR_SET_PDEATHSIG``), so ``kill -9`` of ``rlpipe serve``
-stops serving at once, as it would a one-process server; a killed server's log is recovered by
-the next writer on the directory.
-
-With ``tls`` (``rlpipe serve --tls-cert --tls-key``) granian serves HTTPS from the same worker, the
-TLS in Rust too (rustls, TLS 1.3 at least: granian's default). The files are read and checked
-here, before anything binds, so a wrong path or a key that does not match the certificate is
-one line of error rather than a worker that dies.
+stops serving at once; a killed server's log is recovered by the next writer on the directory.
+With ``tls``, granian serves HTTPS (rustls) from the same worker.
 
 Two things about granian's worker the code below is built around. It listens only after the app's
-loader has returned (the loader runs first, then the WSGI worker binds and listens), so the loader
-cannot announce the address: a client connecting at once would be refused. And its main thread
-waits for the stop in ``threading.Event.wait()`` with SIGINT and SIGTERM open in every thread,
-while Python runs a signal's handler only on the main thread: a stop the kernel hands to another
-thread (one that was running then, as a thread the worker had just started) trips the handler
-but never wakes the main thread, and the worker serves on while the supervisor waits for it for
-ever. So the worker blocks the two signals in all its threads and one thread takes them
-(``_relay_stops``), and another announces once a connection is accepted.
+loader has returned, so the loader cannot announce the address: a client connecting at once would
+be refused. And its main thread waits for the stop in ``threading.Event.wait()`` with SIGINT and
+SIGTERM open in every thread, while Python runs a signal's handler only on the main thread: a
+stop the kernel hands to another thread trips the handler but never wakes the main thread, and
+the worker serves on while the supervisor waits for it for ever. So the worker blocks the two
+signals in all its threads and one thread takes them (``_relay_stops``), and another announces
+once a connection is accepted.
 """
 
 from __future__ import annotations
@@ -70,11 +61,8 @@ class Tls:
     key: Path
 
     def check(self) -> None:
-        """Refuse files TLS cannot be served with, naming the file and what is wrong.
-
-        Raises:
-            ConfigError: a file is missing or unreadable, is not PEM, the key is encrypted,
-                or the key does not belong to the certificate.
+        """Refuse files TLS cannot be served with, here, before anything binds: a missing or
+        unreadable file, not PEM, an encrypted key, or a key not of the certificate (ConfigError).
         """
         for flag, path, marker, kind in (
             ("--tls-cert", self.cert, b"-----BEGIN CERTIFICATE-----", "certificate"),

@@ -59,19 +59,9 @@ def journal_files(directory: Path) -> list[Path]:
 
 
 class Journal:
-    """One server's journal of its open episodes.
-
-    Args:
-        root: the dataset's local state directory (``DatasetWriter.location.state_dir``).
-        journal_id: the server's writer id (its rows' shards carry it too).
-        book: the open episodes, which each new file's snapshot holds.
-        sync: the writer's sync mode, ``"always"`` or ``"background"``.
-        sync_interval_s: how often ``"background"`` fsyncs.
-        max_bytes: the bytes of records after a file's snapshot past which the journal rolls
-            to a new file (default ``MAX_BYTES``).
-        disk: the writer's record of disk refusals; a write the disk refuses is answered 503
-            with ``retry_after_s``, as a refused row is.
-    """
+    """One server's journal of the open episodes of ``book``, in the dataset's local state
+    directory ``root``, under its writer id; ``sync`` and ``sync_interval_s`` are the writer's,
+    and a write ``disk`` refuses is answered 503 with ``retry_after_s``, as a refused row is."""
 
     def __init__(
         self,
@@ -80,15 +70,13 @@ class Journal:
         book: EpisodeBook,
         sync: str,
         sync_interval_s: float,
-        max_bytes: int | None = None,
-        disk: storage.Disk | None = None,
-        retry_after_s: int = 1,
+        disk: storage.Disk,
+        retry_after_s: int,
     ) -> None:
         self._book = book
-        self._disk = disk or storage.Disk()
+        self._disk = disk
         self._retry_after = retry_after_s
         self._always = sync == "always"
-        self._max_bytes = MAX_BYTES if max_bytes is None else max_bytes
         self.lock = threading.Lock()
         self._lock_fd, self.directory = claim_log_dir(journal_root(root), journal_id)
         self._fd = -1
@@ -176,7 +164,7 @@ class Journal:
         snapshot also supersedes an intent whose ``abort`` could not be written."""
         line = records.dumps(doc)
         try:
-            if self._broken or self._size + len(line) > self._max_bytes:
+            if self._broken or self._size + len(line) > MAX_BYTES:
                 self._broken = True
                 self._roll()
                 self._broken = False

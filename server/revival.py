@@ -68,8 +68,8 @@ def open_journal(service: Any) -> Journal:
         service.episodes,
         writer.sync,
         writer.sync_interval_s,
-        disk=service.writer.disk,
-        retry_after_s=service.config.retry_after_s,
+        service.writer.disk,
+        service.config.retry_after_s,
     )
     for fd, directory in adopted:  # only now: the episodes are in this server's journal
         for path in journal_files(directory):

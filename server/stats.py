@@ -66,22 +66,21 @@ class Stats:
         """Episodes the server ended (remote inference): their summary rows, and the version
         acting when they ended."""
         for row in summaries:
-            self._keep(
-                Ended(
-                    row["ended_at"].timestamp(),
-                    row["episode_id"],
-                    row["client_id"],
-                    REMOTE,
-                    version,
-                    float(row["return"]),
-                    int(row["length"]),
-                    row["end_reason"],
-                )
-            )
+            self._keep(row, row["client_id"], REMOTE, version)
 
-    def _keep(self, episode: Ended) -> None:
-        """One ended episode, in the table and the figures (appends and dict look-ups, atomic
-        in CPython: the page's reads need no lock)."""
+    def _keep(self, row: dict[str, Any], client_id: str, mode: str, version: int | None) -> None:
+        """One ended episode's summary row, in the table and the figures (appends and dict
+        look-ups, atomic in CPython: the page's reads need no lock)."""
+        episode = Ended(
+            row["ended_at"].timestamp(),
+            row["episode_id"],
+            client_id,
+            mode,
+            version,
+            float(row["return"]),
+            int(row["length"]),
+            row["end_reason"],
+        )
         self.episodes.append(episode)
         _group(self.by_version, episode.policy_version).append(episode)
         _group(self.by_time, episode.ended_at // BIN_S * BIN_S).append(episode)
@@ -108,18 +107,7 @@ class Stats:
         if summaries is not None:
             for row in summaries.select(_SUMMARY).to_pylist():
                 self.local_open.pop(row["episode_id"], None)
-                self._keep(
-                    Ended(
-                        row["ended_at"].timestamp(),
-                        row["episode_id"],
-                        client_id,
-                        LOCAL,
-                        version,
-                        float(row["return"]),
-                        int(row["length"]),
-                        row["end_reason"],
-                    )
-                )
+                self._keep(row, client_id, LOCAL, version)
 
     def refused(self, status: int, route: str, body: Any) -> None:
         """A refused request (status >= 400) and the message it was answered with."""
@@ -278,16 +266,9 @@ def _shown(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def _row(episode: Ended) -> dict[str, Any]:
-    return {
-        "episode_id": episode.episode_id,
-        "client_id": episode.client_id,
-        "mode": episode.mode,
-        "policy_version": episode.policy_version,
-        "return": episode.episode_return,
-        "length": episode.length,
-        "end_reason": episode.end_reason,
-        "ended_at": episode.ended_at,
-    }
+    row = episode._asdict()
+    row["return"] = row.pop("episode_return")
+    return row
 
 
 def schema() -> dict[str, Any]:
