@@ -118,13 +118,7 @@ def retention_hours_of(delta: DeltaTable) -> float:
 
 
 def check_retention(location: Location, hours: float, force: bool) -> None:
-    """Refuse a vacuum retention shorter than the tables' own, unless ``force``.
-
-    Raises:
-        ConfigError: naming ``--retention-hours``, the shortest safe value, and why: files a
-            compaction removed are still read by a follower behind it, a reader pinned to an
-            older version, and a writer committing a shard it wrote just before.
-    """
+    """Refuse a vacuum retention shorter than the tables' own, unless ``force`` (ConfigError)."""
     if not hours >= 0:
         raise ConfigError("compact", "retention_hours", "hours >= 0", hours)
     if force:
@@ -259,62 +253,32 @@ def removed_paths(location: Location, table: str) -> set[str]:
     return removed
 
 
-def run_compactor(location: Location, every_s: float) -> None:
-    """A :class:`Compactor`'s loop in the calling thread, reporting to stderr: the body of
-    ``rlpipe serve --compact-every``'s background process, which the server terminates."""
-
-    def report(line: str) -> None:
-        print(f"rlpipe serve: {line}", file=sys.stderr, flush=True)
-
-    Compactor(location, every_s, report)._run()
+def _to_stderr(line: str) -> None:
+    print(f"rlpipe serve: {line}", file=sys.stderr, flush=True)
 
 
-class Compactor:
-    """Upkeep in a background thread every ``every_s`` seconds (``rlpipe serve
-    --compact-every``): compaction, checkpoint and a vacuum at the tables' own retention.
+def run_compactor(
+    location: Location,
+    every_s: float,
+    report: Callable[[str], None] = _to_stderr,
+    stop: threading.Event | None = None,
+) -> None:
+    """Upkeep every ``every_s`` seconds until ``stop`` is set: the body of ``rlpipe serve
+    --compact-every``'s background process, which the server terminates.
 
-    A pass skipped because another upkeep of the dataset is running (another server's), or
-    that meets a store error, is reported through ``report``, and the next tick tries again; it
-    never stops the server, and its writers' commits go on meanwhile.
+    A pass skipped because another upkeep of the dataset is running (another server's), or that
+    meets a store error, is reported through ``report``, and the next tick tries again; it never
+    stops the server, and its writers' commits go on meanwhile.
     """
-
-    def __init__(
-        self, location: Location, every_s: float, report: Callable[[str], None] = print
-    ) -> None:
-        if not every_s > 0:
-            raise ConfigError("serve", "compact_every", "seconds > 0", every_s)
-        self.location = location
-        self.every_s = every_s
-        self.report = report
-        self.passes = 0
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="compactor", daemon=True)
-
-    def start(self) -> Compactor:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.run_once()
-
-    def run_once(self) -> list[TableUpkeep]:
-        """One pass; a failure is reported and counted, not raised."""
+    stop = stop or threading.Event()
+    while not stop.wait(every_s):
         try:
-            done = upkeep(self.location, DEFAULT_RETENTION_HOURS)
+            done = upkeep(location, DEFAULT_RETENTION_HOURS)
         except UpkeepBusy as busy:  # another server's pass: this one's turn comes later
-            self.report(f"compaction skipped: {busy}")
-            return []
+            report(f"compaction skipped: {busy}")
+            continue
         except (RlpipeError, DeltaError, OSError) as error:
-            self.failures += 1
-            self.report(f"compaction failed, trying again in {self.every_s:g}s: {error}")
-            return []
-        self.passes += 1
+            report(f"compaction failed, trying again in {every_s:g}s: {error}")
+            continue
         for entry in done:
-            self.report(f"compacted {entry.describe()}")
-        return done
+            report(f"compacted {entry.describe()}")
