@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.format import schema
+from pipeline.format.schema import length
 
 # Step-table column -> Batch field: the plural, where it has one.
 _SAME = ("training_enabled", "logged_at")
@@ -138,15 +139,6 @@ class Batch:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Batch) if f.name != "extras")
-
-
-def length(value: Any) -> int:
-    """Rows in a field's value: an array, or a dict or tuple of them (Dict and Tuple spaces)."""
-    if isinstance(value, Mapping):
-        return length(next(iter(value.values()))) if value else 0
-    if isinstance(value, tuple):
-        return length(value[0])
-    return len(value)
 
 
 def _make(fields: dict[str, Any], extras: dict[str, Any]) -> Batch:

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 from gymnasium.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, Tuple
 
-from pipeline.dataset.batch import length
 from pipeline.format.codec import from_arrow
+from pipeline.format.schema import length
 from pipeline.format.spaces import split_value, subspaces, unsupported
 
 # --- Flat vectors for networks -----------------------------------------------------------------

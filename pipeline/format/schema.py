@@ -175,11 +175,11 @@ def _build(
     problems += [
         Problem(name, f"one of the columns {schema.names}", "an unknown column") for name in unknown
     ]
-    lengths = {name: _length(values) for name, values in columns.items() if name in schema.names}
+    lengths = {name: length(values) for name, values in columns.items() if name in schema.names}
     n = max(lengths.values(), default=0)
-    for name, length in lengths.items():
-        if length != n:
-            problems.append(Problem(name, f"{n} rows like the other columns", f"{length} rows"))
+    for name, rows in lengths.items():
+        if rows != n:
+            problems.append(Problem(name, f"{n} rows like the other columns", f"{rows} rows"))
     if problems:
         raise SchemaError(problems)
     arrays: list[pa.Array] = []
@@ -204,14 +204,14 @@ def _build(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _length(values: Any) -> int:
+def length(value: Any) -> int:
     """Rows of a column: a list, an array, or a batch of a Dict or Tuple space (a dict or
     tuple of arrays, whose rows are those of its first entry)."""
-    if isinstance(values, Mapping) and values:
-        return _length(next(iter(values.values())))
-    if isinstance(values, tuple) and values:
-        return _length(values[0])
-    return len(values) if not isinstance(values, np.ndarray) else int(values.shape[0])
+    if isinstance(value, Mapping) and value:
+        return length(next(iter(value.values())))
+    if isinstance(value, tuple) and value:
+        return length(value[0])
+    return len(value)
 
 
 def _default(field: pa.Field, value: Any, n: int) -> pa.Array:
