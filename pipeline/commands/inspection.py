@@ -231,7 +231,7 @@ def _curve(steps: Any, rows: Any) -> tuple[list[float], list[int], str]:
     if rows.num_rows:
         rows = rows.sort_by([("ended_at", "ascending")])
         return rows.column("return").to_pylist(), rows.column("length").to_pylist(), "episodes"
-    grouped = _complete_episodes(steps).sort_by([("logged_at_max", "ascending")])
+    grouped = complete_episodes(steps).sort_by([("logged_at_max", "ascending")])
     return (
         grouped.column("reward_sum").to_pylist(),
         grouped.column("reward_count").to_pylist(),
@@ -307,7 +307,7 @@ def _read(
 def _step_stats(steps: Any) -> dict[str, Any]:
     import pyarrow.compute as pc
 
-    complete = _complete_episodes(steps).num_rows
+    complete = complete_episodes(steps).num_rows
     everything = steps.group_by(["episode_id", "agent_id"]).aggregate([]).num_rows
     versions = pc.unique(steps.column("policy_version").drop_null()).to_pylist()
     first, last = pc.min_max(steps.column("logged_at")).values()
@@ -321,7 +321,7 @@ def _step_stats(steps: Any) -> dict[str, Any]:
     }
 
 
-def _complete_episodes(steps: Any) -> Any:
+def complete_episodes(steps: Any) -> Any:
     """One row per (episode, agent) that has its ending row: reward sum and count, last time."""
     import pyarrow.compute as pc
 

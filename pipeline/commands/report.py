@@ -67,7 +67,7 @@ def _episodes(steps: Any, episodes: Any) -> list[list[Any]]:
     """Each ended episode as [ended_at (unix s), return, length, policy version]: from the
     episodes table when it has rows, else summed from the step table's ended episodes; the
     version is the newest that acted in the episode (None: at random)."""
-    import pyarrow.compute as pc
+    from pipeline.commands.inspection import complete_episodes
 
     versions = steps.group_by("episode_id").aggregate([("policy_version", "max")])
     by_id = dict(
@@ -81,12 +81,7 @@ def _episodes(steps: Any, episodes: Any) -> list[list[Any]]:
         ids, ended = episodes.column("episode_id"), episodes.column("ended_at")
         returns, lengths = episodes.column("return"), episodes.column("length")
     else:
-        ended_rows = pc.or_(steps.column("terminated"), steps.column("truncated"))
-        table = steps.append_column("ended", ended_rows).group_by("episode_id")
-        table = table.aggregate(
-            [("reward", "sum"), ("reward", "count"), ("logged_at", "max"), ("ended", "any")]
-        )
-        table = table.filter(table.column("ended_any"))
+        table = complete_episodes(steps)
         ids, ended = table.column("episode_id"), table.column("logged_at_max")
         returns, lengths = table.column("reward_sum"), table.column("reward_count")
     rows = [
