@@ -167,7 +167,7 @@ def shard_loss(path: str, table: str) -> dict[str, Any]:
 
 def _episode_ranges(rows: pa.Table, table: str) -> list[dict[str, Any]]:
     if table != layout.STEPS:
-        return [{"episode_id": e, "agent_id": a} for e, a in zip(*_ids(rows), strict=True)]
+        return rows.select(["episode_id", "agent_id"]).to_pylist()
     grouped = rows.group_by(["episode_id", "agent_id"]).aggregate(
         [("t", "min"), ("t", "max"), ("t", "count")]
     )
@@ -180,10 +180,6 @@ def _episode_ranges(rows: pa.Table, table: str) -> list[dict[str, Any]]:
         }
         for row in grouped.to_pylist()
     ]
-
-
-def _ids(rows: pa.Table) -> tuple[list[str], list[str]]:
-    return rows.column("episode_id").to_pylist(), rows.column("agent_id").to_pylist()
 
 
 def missing_steps(location: Location, step_schema: pa.Schema) -> list[dict[str, Any]]:
@@ -201,16 +197,11 @@ def missing_steps(location: Location, step_schema: pa.Schema) -> list[dict[str, 
     if steps:
         rows = discovery.open_dataset(filesystem, root, steps, step_schema, layout.STEPS).to_table(
             columns=["episode_id", "agent_id", "t"]
-        )
-        rows = rows.cast(
-            pa.schema([("episode_id", pa.string()), ("agent_id", pa.string()), ("t", pa.int64())])
-        )
+        )  # ids are read as dictionaries, which to_pylist decodes
         for episode, agent, t in zip(*(rows.column(i).to_pylist() for i in range(3)), strict=True):
             stored.setdefault((episode, agent), set()).add(t)
     found = []
-    for row in ended.cast(
-        pa.schema([("episode_id", pa.string()), ("agent_id", pa.string()), ("length", pa.int64())])
-    ).to_pylist():
+    for row in ended.to_pylist():
         have = stored.get((row["episode_id"], row["agent_id"]), set())
         gaps = _ranges(sorted(set(range(row["length"])) - have))
         if gaps:
