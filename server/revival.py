@@ -17,7 +17,6 @@ own journal before the dead one is removed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import time
@@ -31,7 +30,7 @@ import pyarrow.parquet as pq
 
 from pipeline.dataset.delta import Table
 from pipeline.dataset.location import Location
-from pipeline.dataset.recovery import recover
+from pipeline.dataset.recovery import recover, take_dead_lock
 from pipeline.dataset.wal import release_log_dir
 from pipeline.errors import SchemaError
 from pipeline.format import layout
@@ -87,16 +86,9 @@ def _dead_journals(root: Path) -> list[tuple[int, Path]]:
     for directory in sorted(base.iterdir()):
         if directory.name.startswith(".") or not directory.is_dir():
             continue
-        try:
-            fd = os.open(directory / layout.WAL_LOCK, os.O_RDWR)
-        except FileNotFoundError:
-            continue  # being removed by its adopter
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue  # its server is alive, or another is adopting it
-        found.append((fd, directory))
+        fd = take_dead_lock(directory)  # None: its server is alive, or another adopts it
+        if fd is not None:
+            found.append((fd, directory))
     return found
 
 

@@ -77,17 +77,25 @@ def pending_segments(location: Location) -> list[Path]:
     ]
 
 
-def _recover_dir(location: Location, directory: Path) -> list[Recovered]:
-    lock = directory / layout.WAL_LOCK
+def take_dead_lock(directory: Path) -> int | None:
+    """The descriptor of ``directory``'s lock, taken, when its owner is dead; None while it
+    lives (or another process recovers it), or when the lock is gone (recovered already)."""
     try:
-        fd = os.open(lock, os.O_RDWR)
+        fd = os.open(directory / layout.WAL_LOCK, os.O_RDWR)
     except FileNotFoundError:
-        return []  # another process finished recovering it
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        return []  # its writer is alive
+        return None
+    return fd
+
+
+def _recover_dir(location: Location, directory: Path) -> list[Recovered]:
+    fd = take_dead_lock(directory)
+    if fd is None:
+        return []
     try:
         writer_id = directory.name
         tables = {name: Table(location, name) for name in layout.TABLES}
