@@ -49,17 +49,14 @@ def read_d4rl(src: str | Path) -> SourceSteps:
                 "not read: it takes flat arrays; a dataset of Dict or Tuple spaces imports as "
                 "minari"
             )
-        names = [name for name in names if name != "next_observations"]
         data = {name: np.asarray(handle[name]) for name in names}
-        next_observations = (
-            np.asarray(handle["next_observations"]) if "next_observations" in handle else None
-        )
     terminals = data["terminals"].astype(bool).reshape(-1)
     timeouts = data.get("timeouts", np.zeros_like(terminals)).astype(bool).reshape(-1)
     timeouts &= ~terminals
     ended = terminals | timeouts
     keys = np.r_[0, np.cumsum(ended)[:-1]] if len(ended) else np.zeros(0, dtype=np.int64)
     observations = data["observations"]
+    next_observations = data.get("next_observations")
     if next_observations is None:
         next_observations = np.concatenate([observations[1:], observations[-1:]])
     return SourceSteps(

@@ -41,7 +41,7 @@ from pipeline.importers.minari_files import (
     json_file,
     plain,
 )
-from pipeline.importers.transitions import SourceSteps
+from pipeline.importers.transitions import SourceSteps, env_spaces
 
 FORMATS = ("hdf5", "arrow", "parquet")
 
@@ -178,13 +178,10 @@ def _spaces_of_env(
     if not env_id:
         return observation, action
     try:
-        env = gym.make(str(env_id))
-    except (gym.error.Error, ImportError):
+        made = env_spaces(str(env_id))
+    except DatasetError:  # not installed here
         return observation, action
-    try:
-        return observation or env.observation_space, action or env.action_space
-    finally:
-        env.close()
+    return observation or made[0], action or made[1]
 
 
 def _steps(episodes: Iterator[MinariEpisode]) -> SourceSteps:

@@ -105,7 +105,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space[Any], gym.Space[Any]]:
     """The spaces of a registered env, which an import records so replay can rebuild it."""
     try:
         env = gym.make(env_id)
-    except gym.error.Error as error:
+    except (gym.error.Error, ImportError) as error:
         raise DatasetError(f"--env {env_id}: gymnasium cannot make it ({error})") from None
     try:
         return env.observation_space, env.action_space
