@@ -14,7 +14,9 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from datetime import UTC, datetime
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +50,17 @@ def write_report(
         "observations": _ranges(spaces[0], sample),
         "sampled": sample.num_rows,
     }
-    page = _PAGE.format(
-        title=html.escape(f"rlpipe dataset report: {report['path']}"),
-        style=charts.STYLE,
-        text=html.escape(text),
-        frames=_strip(spaces[0], sample),
-        script=charts.script(),
-        data=json.dumps(data, default=str, allow_nan=False).replace("</", "<\\/"),
-        made=datetime.now(UTC).isoformat(timespec="seconds"),
-    )
+    values = {
+        "TITLE": html.escape(f"rlpipe dataset report: {report['path']}"),
+        "STYLE": charts.STYLE,
+        "TEXT": html.escape(text),
+        "FRAMES": _strip(spaces[0], sample),
+        "SCRIPT": charts.script(),
+        "DATA": json.dumps(data, default=str, allow_nan=False).replace("</", "<\\/"),
+        "MADE": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    template = files("pipeline.commands").joinpath("report.html").read_text(encoding="utf-8")
+    page = re.sub(r"/\*__(\w+)__\*/", lambda found: values[found[1]], template)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")
@@ -206,179 +210,3 @@ def flat_size(space: gym.Space[Any]) -> int:
     from pipeline.format.flattening import flatdim
 
     return int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) else flatdim(space)
-
-
-_PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>{title}</title>
-<style>
-{style}
-body {{ margin: 0 auto; max-width: 1280px; padding: 12px 20px; color: #111827;
-  font: 14px system-ui, sans-serif; background: #f3f4f6; }}
-h1 {{ font-size: 18px; }} h2 {{ font-size: 14px; margin: 0 0 4px; color: #374151; }}
-.grid {{ display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 10px; }}
-.panel {{ background: #fff; border-radius: 6px; padding: 8px 10px; margin-bottom: 10px; }}
-pre {{ white-space: pre-wrap; font-size: 12px; margin: 0; }}
-table {{ border-collapse: collapse; font-size: 12px; font-variant-numeric: tabular-nums; }}
-th, td {{ padding: 2px 8px; border-bottom: 1px solid #f3f4f6; text-align: right; }}
-.bad {{ color: #b91c1c; font-weight: 600; }} .ok {{ color: #15803d; font-weight: 600; }}
-.note {{ color: #6b7280; font-size: 12px; }}
-.strip {{ display: flex; flex-wrap: wrap; gap: 4px; }}
-.strip img {{ width: 84px; image-rendering: pixelated; border: 1px solid #e5e7eb; }}
-</style>
-</head>
-<body>
-<h1>{title}</h1>
-<div class="panel"><h2>Health</h2><div id="health"></div></div>
-<div class="grid">
-  <div class="panel"><h2>Episode return over time (each episode; median, p10-p90 of 20 groups)</h2>
-    <div id="returns-time"></div></div>
-  <div class="panel"><h2>Episode return by policy version (median, p10-p90)</h2>
-    <div id="returns-version"></div></div>
-  <div class="panel"><h2>Episode lengths</h2><div id="lengths"></div></div>
-  <div class="panel"><h2>Actions</h2><div id="actions"></div></div>
-</div>
-{frames}
-<div class="panel"><h2>Observation ranges per dimension, against the space</h2>
-  <div id="observations"></div></div>
-<div class="panel"><h2>Summary (rlpipe inspect)</h2><pre>{text}</pre></div>
-<p class="note">Written by rlpipe inspect --html at {made}. This file loads nothing: its data,
-charts and styles are all inside it.</p>
-<script type="application/json" id="data">{data}</script>
-<script>
-{script}
-</script>
-<script>
-{render}
-</script>
-</body>
-</html>
-"""
-
-_RENDER = """
-"use strict";
-const DATA = JSON.parse(document.getElementById("data").textContent);
-const $ = (id) => document.getElementById(id);
-const n = RlCharts.number;
-
-function quantile(sorted, q) {
-  const i = (sorted.length - 1) * q, lo = Math.floor(i), hi = Math.ceil(i);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (i - lo);
-}
-
-function spread(values) {
-  const s = values.slice().sort((a, b) => a - b);
-  return [quantile(s, 0.1), quantile(s, 0.5), quantile(s, 0.9)];
-}
-
-function health() {
-  const h = DATA.report.health;
-  const problems = h.uncommitted.map((f) => `uncommitted file ${f}`)
-    .concat(h.pending_log.map((f) => `pending log segment ${f}`))
-    .concat(h.damaged.map((d) => `unreadable file ${d.file}: ${d.problem}`));
-  const box = $("health");
-  if (!problems.length) {
-    box.innerHTML = '<span class="ok">ok</span>: every file is committed and readable, ' +
-      "no log segment is pending.";
-    return;
-  }
-  const title = document.createElement("div");
-  title.className = "bad";
-  title.textContent = `${problems.length} problems`;
-  const list = document.createElement("ul");
-  for (const p of problems) list.appendChild(document.createElement("li")).textContent = p;
-  box.replaceChildren(title, list);
-}
-
-function returns() {
-  const e = DATA.episodes;
-  const bins = [], width = e.length ? Math.max(1, Math.ceil(e.length / 20)) : 1;
-  for (let i = 0; i < e.length; i += width) {
-    const group = e.slice(i, i + width);
-    const [p10, p50, p90] = spread(group.map((r) => r[1]));
-    bins.push([i + group.length / 2, p10, p50, p90]);
-  }
-  RlCharts.line($("returns-time"), [
-    { label: "episode", color: "#93c5fd", dots: true, points: e.map((r, i) => [i + 1, r[1]]) },
-    { label: "median", color: "#1d4ed8", points: bins.map((b) => [b[0], b[2]]),
-      band: bins.map((b) => [b[0], b[1], b[3]]) },
-  ], { xlabel: "episode, in the order they ended", empty: "no ended episodes" });
-  const byVersion = new Map();
-  for (const r of e) if (r[3] !== null) {
-    if (!byVersion.has(r[3])) byVersion.set(r[3], []);
-    byVersion.get(r[3]).push(r[1]);
-  }
-  const versions = [...byVersion.keys()].sort((a, b) => a - b);
-  const figures = versions.map((v) => [v, ...spread(byVersion.get(v))]);
-  RlCharts.line($("returns-version"), [{ label: "median", dots: true,
-    points: figures.map((f) => [f[0], f[2]]),
-    band: figures.length > 1 ? figures.map((f) => [f[0], f[1], f[3]]) : [] }],
-  { xlabel: "policy version", integer: true, empty: e.length
-    ? "every episode was played at random (no policy version)" : "no ended episodes" });
-}
-
-function histogram(values, bins) {
-  if (!values.length) return [[], []];
-  const lo = Math.min(...values), hi = Math.max(...values);
-  const width = Math.max(1, Math.ceil((hi - lo + 1) / bins));
-  const counts = new Array(Math.floor((hi - lo) / width) + 1).fill(0);
-  for (const v of values) counts[Math.floor((v - lo) / width)] += 1;
-  return [counts.map((_, i) => lo + i * width), counts];
-}
-
-function lengths() {
-  const [labels, counts] = histogram(DATA.episodes.map((r) => r[2]), 30);
-  RlCharts.bars($("lengths"), labels, counts, { ylabel: "episodes", xlabel: "length (steps)",
-    empty: "no ended episodes" });
-}
-
-function actions() {
-  const a = DATA.actions, box = $("actions");
-  if (a.kind === "counts") {
-    RlCharts.bars(box, a.labels, a.counts, { ylabel: "steps", xlabel: "action" });
-  } else if (a.kind === "histograms") {
-    box.replaceChildren();
-    a.dims.forEach((d, i) => {
-      const part = box.appendChild(document.createElement("div"));
-      RlCharts.bars(part, d.edges.slice(0, -1).map(n), d.counts,
-        { ylabel: "steps", xlabel: `action dimension ${i}` });
-    });
-    if (a.of > a.dims.length) box.appendChild(document.createElement("p")).textContent =
-      `the first ${a.dims.length} of ${a.of} dimensions`;
-  } else {
-    box.textContent = "no steps";
-  }
-}
-
-function observations() {
-  const o = DATA.observations, box = $("observations");
-  if (!o.dims.length) { box.textContent = "no steps"; return; }
-  const table = document.createElement("table");
-  const head = table.createTHead().insertRow();
-  for (const h of ["dim", "space low", "min", "p10", "median", "p90", "max", "space high",
-    "rows outside"]) head.appendChild(document.createElement("th")).textContent = h;
-  const body = table.createTBody();
-  for (const d of o.dims) {
-    const row = body.insertRow();
-    const q = d.quantiles;
-    for (const v of [d.dim, d.low ?? "–", ...q, d.high ?? "–", d.outside]) {
-      row.insertCell().textContent = typeof v === "number" ? n(v) : v;
-    }
-    if (d.outside) row.lastChild.className = "bad";
-  }
-  box.replaceChildren(table);
-  const notes = [];
-  if (o.of > o.dims.length) notes.push(`the first ${o.dims.length} of ${o.of} dimensions`);
-  if (DATA.sampled < DATA.report.rows)
-    notes.push(`observations and actions of the first ${DATA.sampled.toLocaleString()} of ` +
-      `${DATA.report.rows.toLocaleString()} rows`);
-  if (notes.length) box.appendChild(document.createElement("p")).textContent = notes.join("; ");
-}
-
-health(); returns(); lengths(); actions(); observations();
-"""
-_PAGE = _PAGE.replace("{render}", _RENDER.replace("{", "{{").replace("}", "}}"))
