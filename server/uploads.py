@@ -125,12 +125,8 @@ class UploadLedger:
 
     def _dataset(self, name: str) -> ds.Dataset | None:
         """The committed files of table ``name`` as one dataset; None before the first."""
-        location = self._writer.location
-        paths = discovery.list_shards(location, name)
-        if not paths:
-            return None
         table_schema = self._writer.step_schema if name == layout.STEPS else schema.EPISODE_SCHEMA
-        return discovery.open_dataset(location.filesystem, location.root, paths, table_schema, name)
+        return discovery.committed(self._writer.location, name, table_schema)
 
     def _stored_clients(self, name: str) -> set[str]:
         """The client ids a table held when the server first looked (once per table per run):

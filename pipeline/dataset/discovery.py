@@ -55,6 +55,16 @@ def list_shards(location: Location, table: str = layout.STEPS) -> list[str]:
     return [location.path(table, entry.path) for entry in Table(location, table).files()]
 
 
+def committed(
+    location: Location, table: str, table_schema: pa.Schema
+) -> ds.FileSystemDataset | None:
+    """A table's committed shards as one dataset; None before its first commit."""
+    paths = list_shards(location, table)
+    if not paths:
+        return None
+    return open_dataset(location.filesystem, location.root, paths, table_schema, table)
+
+
 def open_dataset(
     filesystem: pafs.FileSystem,
     root: str,
@@ -164,12 +174,9 @@ def reset_args(
 ) -> dict[str, tuple[int | None, Any]]:
     """episode id -> (seed, reset options) from the episodes table's latest row of each episode
     that ``keep`` keeps."""
-    paths = list_shards(location, layout.EPISODES)
-    if not paths:
+    dataset = committed(location, layout.EPISODES, EPISODE_SCHEMA)
+    if dataset is None:
         return {}
-    dataset = open_dataset(
-        location.filesystem, location.root, paths, EPISODE_SCHEMA, layout.EPISODES
-    )
     columns = ["episode_id", "seed", "reset_options", "logged_at"]
     rows = [row for batch in rows_where(dataset, columns, keep) for row in batch.to_pylist()]
     found = {}

@@ -185,19 +185,14 @@ def _episode_ranges(rows: pa.Table, table: str) -> list[dict[str, Any]]:
 def missing_steps(location: Location, step_schema: pa.Schema) -> list[dict[str, Any]]:
     """Episodes the episodes table records as longer than the step rows that remain of them,
     with the ``t`` ranges missing (episodes without a summary row cannot be checked so)."""
-    filesystem, root = location.filesystem, location.root
-    summaries = discovery.list_shards(location, layout.EPISODES)
-    steps = discovery.list_shards(location, layout.STEPS)
-    if not summaries:
+    summaries = discovery.committed(location, layout.EPISODES, schema.EPISODE_SCHEMA)
+    if summaries is None:
         return []
-    ended = discovery.open_dataset(
-        filesystem, root, summaries, schema.EPISODE_SCHEMA, layout.EPISODES
-    ).to_table(columns=["episode_id", "agent_id", "length"])
+    ended = summaries.to_table(columns=["episode_id", "agent_id", "length"])
+    steps = discovery.committed(location, layout.STEPS, step_schema)
     stored: dict[tuple[str, str], set[int]] = {}
-    if steps:
-        rows = discovery.open_dataset(filesystem, root, steps, step_schema, layout.STEPS).to_table(
-            columns=["episode_id", "agent_id", "t"]
-        )  # ids are read as dictionaries, which to_pylist decodes
+    if steps is not None:  # ids are read as dictionaries, which to_pylist decodes
+        rows = steps.to_table(columns=["episode_id", "agent_id", "t"])
         for episode, agent, t in zip(*(rows.column(i).to_pylist() for i in range(3)), strict=True):
             stored.setdefault((episode, agent), set()).add(t)
     found = []
