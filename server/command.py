@@ -176,13 +176,12 @@ def _token(args: argparse.Namespace) -> str | None:
     The messages name where a token came from, never the token.
     """
     variable = os.environ.get(TOKEN_VARIABLE)
-    given = [
-        name
-        for name, value in (("--token", args.token), ("--token-file", args.token_file))
-        if value is not None
-    ]
-    if variable is not None:
-        given.append(TOKEN_VARIABLE)
+    sources = (
+        ("--token", args.token),
+        ("--token-file", args.token_file),
+        (TOKEN_VARIABLE, variable),
+    )
+    given = [name for name, value in sources if value is not None]
     if len(given) > 1:
         wanted = f"the token from one of --token, --token-file and {TOKEN_VARIABLE}"
         raise ConfigError("serve", "token", wanted, " and ".join(given))

@@ -139,8 +139,7 @@ def open_manifest(
 ) -> Manifest:
     """The manifest a writer with these spaces may write under: the dataset's own when no spaces
     are given, else a new one, or the existing one if it agrees (two writers agree when spaces
-    and env match). ``os.link`` fails when the target exists, which makes creation race-free
-    between processes.
+    and env match).
 
     Raises:
         SpaceError: a space the format cannot store (refused before any file is made).
