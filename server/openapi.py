@@ -42,17 +42,26 @@ _VERSION_HEADER = {
 }
 _TEXT = {"schema": {"type": "string"}}
 _BINARY = {"type": "string", "format": "binary"}
-_ROUTE = {
-    "name": "X-Rlpipe-Route",
-    "in": "header",
-    "required": False,
-    "schema": {"type": "string", "minLength": 1},
-    "description": "the route key an HTTP load balancer hashes to keep an episode on one of "
+_ID_TEXT = {"type": "string", "minLength": 1}
+
+
+def _parameter(
+    name: str, schema: Any, description: str, required: bool = True, place: str = "header"
+) -> dict[str, Any]:
+    where = {"name": name, "in": place, "required": required}
+    return {**where, "schema": schema, "description": description}
+
+
+_ROUTE = _parameter(
+    "X-Rlpipe-Route",
+    _ID_TEXT,
+    "the route key an HTTP load balancer hashes to keep an episode on one of "
     "several servers of a dataset (docs/deploy.md); the server does not read it. An "
     "episode's key (its percent-encoded episode_id, or the client's id for the episodes of "
     "a vector client's batches) on its start and every request of it; the client's id on "
     "uploads (X-Rlpipe-Client: the server that stored an upload recognises its retry)",
-}
+    required=False,
+)
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
 
 
@@ -228,27 +237,20 @@ def _paths() -> dict[str, Any]:
 
 def _upload_headers() -> list[dict[str, Any]]:
     return [
-        {
-            "name": "X-Rlpipe-Client",
-            "in": "header",
-            "required": True,
-            "schema": {"type": "string", "minLength": 1},
-            "description": "the client's stable id, stored as every row's client_id",
-        },
-        {
-            "name": "X-Rlpipe-Upload",
-            "in": "header",
-            "required": True,
-            "schema": {"type": "integer", "minimum": 0},
-            "description": "the upload's number: one already stored is not stored again",
-        },
-        {
-            "name": "X-Rlpipe-Table",
-            "in": "header",
-            "required": False,
-            "schema": {"enum": ["steps", "episodes"], "default": "steps"},
-            "description": "which table an Arrow body holds (JSON bodies name their tables)",
-        },
+        _parameter(
+            "X-Rlpipe-Client", _ID_TEXT, "the client's stable id, stored as every row's client_id"
+        ),
+        _parameter(
+            "X-Rlpipe-Upload",
+            {"type": "integer", "minimum": 0},
+            "the upload's number: one already stored is not stored again",
+        ),
+        _parameter(
+            "X-Rlpipe-Table",
+            {"enum": ["steps", "episodes"], "default": "steps"},
+            "which table an Arrow body holds (JSON bodies name their tables)",
+            required=False,
+        ),
     ]
 
 
@@ -258,15 +260,8 @@ def _weights() -> dict[str, Any]:
         answer={_NPZ: {"schema": _BINARY}},
         statuses=("200", "304", "404"),
     )
-    op["parameters"] = [
-        {
-            "name": "version",
-            "in": "query",
-            "required": False,
-            "schema": INT64,
-            "description": "the version the client holds: answered 304 while it is the newest",
-        }
-    ]
+    holds = "the version the client holds: answered 304 while it is the newest"
+    op["parameters"] = [_parameter("version", INT64, holds, required=False, place="query")]
     op["responses"]["200"]["headers"] = _VERSION_HEADER
     op["responses"]["304"]["headers"] = _VERSION_HEADER
     return op

@@ -161,9 +161,13 @@ class Table:
     def commit(self, table_schema: pa.Schema, action: AddAction, app_id: str, seq: int) -> bool:
         """Commit one shard (an Add action) as ``(app_id, seq)``, once: False when the app's
         transaction version says it is committed already."""
-        properties = CommitProperties(app_transactions=[Transaction(app_id, seq)])
+        settings: dict[str, Any] = {
+            "mode": "append",
+            "partition_by": [layout.PARTITION_KEY],
+            "commit_properties": CommitProperties(app_transactions=[Transaction(app_id, seq)]),
+            "post_commithook_properties": _HOOKS,
+        }
         schema = _delta_schema(table_schema)
-        options = dict(self.location.storage_options) or None
         for attempt in range(_COMMIT_ATTEMPTS):
             try:
                 committed = self.committed_seq(app_id)
@@ -171,26 +175,17 @@ class Table:
                     return False
                 table = self.open()  # at the latest version: the commit reads no older one
                 if table is None:
+                    options = dict(self.location.storage_options) or None
                     create_table_with_add_actions(
                         self.uri,
                         schema,
                         [action],
-                        mode="append",
-                        partition_by=[layout.PARTITION_KEY],
                         configuration=_LOCAL_CONFIGURATION if self.location.local else None,
                         storage_options=options,
-                        commit_properties=properties,
-                        post_commithook_properties=_HOOKS,
+                        **settings,
                     )
                 else:
-                    table.create_write_transaction(
-                        [action],
-                        mode="append",
-                        schema=schema,
-                        partition_by=[layout.PARTITION_KEY],
-                        commit_properties=properties,
-                        post_commithook_properties=_HOOKS,
-                    )
+                    table.create_write_transaction([action], schema=schema, **settings)
                 self._known[app_id] = seq
                 return True
             except (CommitFailedError, DeltaError, OSError, DatasetError) as error:

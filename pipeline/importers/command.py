@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipeline.commands.storage_options import add_storage_options, storage_options
-from pipeline.errors import ConfigError, DatasetError, RlpipeWarning
+from pipeline.errors import ConfigError, RlpipeWarning
 
 if TYPE_CHECKING:
     from pipeline.importers.transitions import SourceSteps
@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.dataset.location import locate
-    from pipeline.importers.transitions import env_spaces, infer_spaces, write_dataset
+    from pipeline.importers.transitions import write_dataset
 
     options = storage_options("import", args.storage_option)
     destination = locate(args.dir, options)
@@ -90,34 +90,28 @@ def run(args: argparse.Namespace) -> int:
         print(convert(args.src[0], args.dir, options).describe())
         return 0
     if args.format == "minari":
-        return _run_minari(args, destination)
-    steps, env_hint = _readers()[args.format](args.src[0])
-    env_id = args.env_id or env_hint
-    observation_space = action_space = None
-    if args.env_id is None and env_hint is not None:
-        # an env the source names may not be installed here: keep its id, infer the spaces
-        try:
-            observation_space, action_space = env_spaces(env_hint)
-        except DatasetError:
-            observation_space, action_space = infer_spaces(steps)
+        steps, env_id, limit, spaces = _minari(args)
+    else:
+        steps = _readers()[args.format](args.src[0])
+        env_id, limit, spaces = args.env_id, args.max_episode_steps, (None, None)
     summary = write_dataset(
         steps,
         destination,
         env_id=env_id,
-        max_episode_steps=args.max_episode_steps,
-        observation_space=observation_space,
-        action_space=action_space,
+        max_episode_steps=limit,
+        observation_space=spaces[0],
+        action_space=spaces[1],
         actions_normalized=args.actions_normalized,
     )
     print(summary.describe())
     return 0
 
 
-def _run_minari(args: argparse.Namespace, destination: Any) -> int:
+def _minari(args: argparse.Namespace) -> tuple[SourceSteps, str | None, int | None, Any]:
     """Minari's metadata gives the env id, spaces and time limit; ``--env`` and
     ``--max-episode-steps`` override them."""
     from pipeline.importers.minari import read_minari
-    from pipeline.importers.transitions import infer_spaces, write_dataset
+    from pipeline.importers.transitions import infer_spaces
 
     source = read_minari(args.src[0])
     if source.env_kwargs and args.env_id is None:
@@ -128,32 +122,22 @@ def _run_minari(args: argparse.Namespace, destination: Any) -> int:
             RlpipeWarning,
             stacklevel=2,
         )
-    observation_space = action_space = None
+    spaces: Any = (None, None)
     if args.env_id is None:  # an env the dataset names may not be installed here: keep its id
-        observation_space, action_space = source.observation_space, source.action_space
-        if observation_space is None or action_space is None:
-            observation_space, action_space = infer_spaces(source.steps)
-    summary = write_dataset(
-        source.steps,
-        destination,
-        env_id=args.env_id or source.env_id,
-        max_episode_steps=args.max_episode_steps or source.max_episode_steps,
-        observation_space=observation_space,
-        action_space=action_space,
-        actions_normalized=args.actions_normalized,
-    )
-    print(summary.describe())
-    return 0
+        spaces = (source.observation_space, source.action_space)
+        if spaces[0] is None or spaces[1] is None:
+            spaces = infer_spaces(source.steps)
+    limit = args.max_episode_steps or source.max_episode_steps
+    return source.steps, args.env_id or source.env_id, limit, spaces
 
 
-def _readers() -> dict[str, Callable[[str], tuple[SourceSteps, str | None]]]:
-    """FORMAT -> reader returning the steps and the env id the source names (if any)."""
+def _readers() -> dict[str, Callable[[str], SourceSteps]]:
     from pipeline.importers import d4rl, rllib, table
 
     return {
-        "rllib-json": lambda src: (rllib.read_sample_batches(src), None),
-        "rllib-jsonl": lambda src: (rllib.read_ray_data(src, "json"), None),
-        "rllib-parquet": lambda src: (rllib.read_ray_data(src, "parquet"), None),
-        "d4rl": lambda src: (d4rl.read_d4rl(src), None),
-        "table": lambda src: (table.read_table(src), None),
+        "rllib-json": rllib.read_sample_batches,
+        "rllib-jsonl": lambda src: rllib.read_ray_data(src, "json"),
+        "rllib-parquet": lambda src: rllib.read_ray_data(src, "parquet"),
+        "d4rl": d4rl.read_d4rl,
+        "table": table.read_table,
     }
