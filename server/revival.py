@@ -190,21 +190,15 @@ def _landed(service: Any, writer_id: str, doc: dict[str, Any], done: Completion)
         if not _stored(root, layout.STEPS, writer_id, since, key):
             _log.info("journal of %s: the rows of its last %s never landed; dropped", *who)
             return False
+    ids = ("episode_id", "agent_id")
     missing = [
         summary
         for summary in done.summaries
-        if not _stored(
-            root,
-            layout.EPISODES,
-            writer_id,
-            since,
-            {"episode_id": summary["episode_id"], "agent_id": summary["agent_id"]},
-        )
+        if not _stored(root, layout.EPISODES, writer_id, since, {k: summary[k] for k in ids})
     ]
-    if missing:
-        service.write_rows(recorder.columns_of([]), missing)
     _log.info("journal of %s: its last %s stored its rows; replayed", *who)
     if missing:
+        service.write_rows(recorder.columns_of([]), missing)
         _log.info(
             "journal of %s: %d summaries it had not stored written now", writer_id, len(missing)
         )

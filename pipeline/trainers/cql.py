@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from pipeline.dataset.batch import Batch
-from pipeline.errors import ConfigError
 from pipeline.format import flattening
 from pipeline.policy.checkpoint import Checkpoint, ModelSpec
 from pipeline.trainers import state, validation
@@ -95,9 +94,7 @@ class CQLConfig:
         validation.unit_interval(self, "gamma", "tau")
         validation.counts(self, "num_actions")
         validation.network(self)
-        entropy = self.target_entropy
-        if isinstance(entropy, bool) or not isinstance(entropy, int | float | None):
-            raise ConfigError("CQLConfig", "target_entropy", "a number or None", entropy)
+        validation.optional_number(self, "target_entropy")
 
 
 class TwinQ(nn.Module):

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from pipeline.dataset.batch import Batch
-from pipeline.errors import ConfigError
 from pipeline.format import flattening
 from pipeline.policy.checkpoint import Checkpoint, ModelSpec
 from pipeline.trainers import state, validation
@@ -66,10 +65,7 @@ class SACConfig:
         validation.positive(self, "lr", "alpha")
         validation.unit_interval(self, "gamma", "tau")
         validation.network(self)
-        if self.target_entropy is not None and not isinstance(self.target_entropy, int | float):
-            raise ConfigError(
-                "SACConfig", "target_entropy", "a number or None", self.target_entropy
-            )
+        validation.optional_number(self, "target_entropy")
 
 
 class SAC:

@@ -21,6 +21,10 @@ def unit_interval(config: Any, *names: str, owner: str | None = None) -> None:
     _check(config, names, "a number in [0, 1]", lambda v: _number(v) and 0 <= v <= 1, owner)
 
 
+def optional_number(config: Any, *names: str) -> None:
+    _check(config, names, "a number or None", lambda v: v is None or _number(v), None)
+
+
 def counts(config: Any, *names: str, owner: str | None = None) -> None:
     _check(
         config,
