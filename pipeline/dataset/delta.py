@@ -92,7 +92,7 @@ class Table:
         """The table at its pinned or latest version; None while nobody has committed to it."""
         if self._table is not None:
             if self._pinned is None:
-                self._call("reading the table's log", self._table.update_incremental)
+                self.call("reading the table's log", self._table.update_incremental)
             return self._table
         try:
             self._table = DeltaTable(
@@ -122,7 +122,7 @@ class Table:
         table = self.open()
         if table is None:
             return []
-        actions = pa.table(self._call("listing the table's files", table.get_add_actions, True))
+        actions = pa.table(self.call("listing the table's files", table.get_add_actions, True))
         columns = {name: actions.column(name).to_pylist() for name in actions.column_names}
         dates = columns.get(f"partition.{layout.PARTITION_KEY}", [""] * actions.num_rows)
         entries = [
@@ -144,7 +144,7 @@ class Table:
         table = self.open()
         if table is None:
             return []
-        report = self._call("removing missing files from the log", table.repair)
+        report = self.call("removing missing files from the log", table.repair)
         return list(report.get("files_removed", []))
 
     def committed_seq(self, app_id: str) -> int | None:
@@ -205,7 +205,8 @@ class Table:
         number = int(code[1])
         return OSError(number, os.strerror(number), self.uri)
 
-    def _call(self, doing: str, method: Any, *args: Any) -> Any:
+    def call(self, doing: str, method: Any, *args: Any) -> Any:
+        """``method(*args)``; a store error is raised naming the URI and what was being done."""
         try:
             return method(*args)
         except (DeltaError, OSError) as error:

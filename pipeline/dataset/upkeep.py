@@ -181,21 +181,20 @@ def _upkeep_table(
 ) -> TableUpkeep:
     before = table.files()
     version_before = table.version
-    call = _caller(table)
+    name = table.name
     if len(before) > 1:
-        call(
-            "compacting",
-            lambda: delta.optimize.compact(
-                target_size=target_bytes, writer_properties=writer_properties(delta)
-            ),
+        properties = writer_properties(delta)
+        table.call(
+            f"compacting {name}",
+            lambda: delta.optimize.compact(target_size=target_bytes, writer_properties=properties),
         )
-        call("reading the log", delta.update_incremental)
-    call("checkpointing the log", delta.create_checkpoint)
-    call("cleaning up the log", delta.cleanup_metadata)
+        table.call(f"reading the log {name}", delta.update_incremental)
+    table.call(f"checkpointing the log {name}", delta.create_checkpoint)
+    table.call(f"cleaning up the log {name}", delta.cleanup_metadata)
     deleted: list[str] = []
     if vacuum:
-        deleted = call(
-            "vacuuming",
+        deleted = table.call(
+            f"vacuuming {name}",
             lambda: delta.vacuum(
                 retention_hours=int(retention_hours),
                 dry_run=False,
@@ -204,7 +203,7 @@ def _upkeep_table(
         )
     after = table.files()
     return TableUpkeep(
-        table.name,
+        name,
         len(before),
         sum(entry.size for entry in before),
         len(after),
@@ -214,16 +213,6 @@ def _upkeep_table(
         table.version,
         len(deleted),
     )
-
-
-def _caller(table: Table) -> Callable[[str, Callable[[], Any]], Any]:
-    def call(doing: str, action: Callable[[], Any]) -> Any:
-        try:
-            return action()
-        except (DeltaError, OSError) as error:
-            raise storage_failure(table.location, f"{doing} {table.name}", error) from None
-
-    return call
 
 
 def removed_paths(location: Location, table: str) -> set[str]:
