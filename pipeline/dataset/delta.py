@@ -252,7 +252,7 @@ class Snapshot:
         self.rearranged = []
         while True:
             following = 0 if self.version is None else self.version + 1
-            actions = self._commit(following)
+            actions = read_commit(self.table.location, self.table.name, following)
             if actions is None:
                 return added
             for action in actions:
@@ -268,17 +268,19 @@ class Snapshot:
                     self.files.pop(unquote(action["remove"]["path"]), None)
             self.version = following
 
-    def _commit(self, version: int) -> list[dict[str, Any]] | None:
-        location = self.table.location
-        path = location.path(self.table.name, "_delta_log", f"{version:020d}.json")
-        try:
-            with location.filesystem.open_input_stream(path) as stream:
-                text = stream.read().decode("utf-8")
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise storage_failure(location, f"reading {path}", error) from None
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+def read_commit(location: Location, table: str, version: int) -> list[dict[str, Any]] | None:
+    """The actions of commit ``version`` of ``table``'s Delta log, read with pyarrow's
+    filesystem; None when there is no such commit file."""
+    path = location.path(table, "_delta_log", f"{version:020d}.json")
+    try:
+        with location.filesystem.open_input_stream(path) as stream:
+            text = stream.read().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise storage_failure(location, f"reading {path}", error) from None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _entry_of(add: dict[str, Any]) -> FileEntry:

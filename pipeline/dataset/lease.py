@@ -21,7 +21,6 @@ expires (``DEFAULT_LEASE_S``). (A metadata change would conflict too, but deltal
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import socket
@@ -34,6 +33,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
+from pipeline.dataset.delta import read_commit
 from pipeline.dataset.location import Location, storage_failure
 from pipeline.errors import DatasetError
 
@@ -90,16 +90,11 @@ def _state(location: Location, table: DeltaTable) -> tuple[str | None, float]:
     process's may commit after a claim), read with pyarrow: deltalake's ``history`` holds the
     GIL while it waits on the store, which stalls an S3 endpoint served in-process."""
     for version in range(table.version(), 0, -1):
-        path = location.path(LEASE_TABLE, "_delta_log", f"{version:020d}.json")
-        try:
-            with location.filesystem.open_input_stream(path) as stream:
-                lines = stream.read().decode("utf-8").splitlines()
-        except FileNotFoundError:  # cleaned up past the log retention: older than any lease
+        actions = read_commit(location, LEASE_TABLE, version)
+        if actions is None:  # cleaned up past the log retention: older than any lease
             break
-        except OSError as error:
-            raise storage_failure(location, "reading the upkeep lease", error) from None
-        for line in lines:
-            info = json.loads(line).get("commitInfo") if line.strip() else None
+        for action in actions:
+            info = action.get("commitInfo")
             if info is not None and HOLDER in info:
                 return info[HOLDER], float(info.get(UNTIL) or 0)
     return None, 0.0
