@@ -33,11 +33,9 @@ class ServerConfig:
         max_backlog: rolled shards waiting to be written before the server answers 503.
         retry_after_s: what a 503 asks clients to wait.
         seed: seeds the server's action sampling, so runs can be repeated.
-        writer: the dataset writer's shard rolling and when an append is acknowledged. The
-            server's default is ``sync="background"``: a 2xx means the rows are written to the
-            log file (they survive a ``kill -9`` of the server), and the log is fsynced every
-            ``sync_interval_s`` (a power cut can lose at most that window). ``sync="always"``
-            fsyncs before every 2xx (1.5-4 ms a request here).
+        writer: the dataset writer's config; a 2xx answers an append it acknowledged, so the
+            server's default ``sync="background"`` (see ``WriterConfig``) answers without an
+            fsync, and ``"always"`` after one (1.5-4 ms a request here).
     """
 
     data: Path | str

@@ -69,13 +69,8 @@ class FileEntry:
 
 
 class Table:
-    """One Delta table of a dataset (``steps`` or ``episodes``), opened lazily.
-
-    Args:
-        location: the dataset's location.
-        name: ``steps`` or ``episodes``.
-        version: pin this version (a reader's ``version=N``); None follows the latest.
-    """
+    """One Delta table of a dataset (``steps`` or ``episodes``), opened lazily, pinned to
+    ``version`` (a reader's ``version=N``) or, with None, following the latest."""
 
     def __init__(self, location: Location, name: str, version: int | None = None) -> None:
         self.location = location

@@ -106,14 +106,9 @@ def locate(
     storage_options: Mapping[str, str] | None = None,
     state_dir: str | Path | None = None,
 ) -> Location:
-    """The :class:`Location` of a dataset path or URI.
-
-    Args:
-        path: a local path, or a URI such as ``s3://bucket/prefix``.
-        storage_options: deltalake's storage options (``AWS_ENDPOINT_URL``, ...); they override
-            the environment's.
-        state_dir: where the write-ahead log and the journal live for a remote dataset.
-    """
+    """The :class:`Location` of a local path or URI (``s3://bucket/prefix``): its
+    ``storage_options`` override the environment's, and ``state_dir`` is where a remote
+    dataset's write-ahead log and journal live."""
     if isinstance(path, Location):
         return path
     text = str(path)
