@@ -25,7 +25,7 @@ from pipeline import InputReader, read_manifest
 from pipeline.commands.cli import main
 from pipeline.errors import DatasetError, RlpipeWarning
 from pipeline.importers import boundaries
-from pipeline.importers.transitions import SourceSteps
+from pipeline.importers.transitions import SourceSteps, env_spaces
 from pipeline.importers.unpickler import load_ndarray
 
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchor-data" / "rllib-test-data"
@@ -491,3 +491,15 @@ def test_episode_keys_past_int64_stay_exact(tmp_path: Path) -> None:
     assert main(["import", "rllib-json", str(tmp_path / "a.json"), str(tmp_path / "ds")]) == 0
     episodes = {str(batch.episode_ids[0]) for batch in InputReader(tmp_path / "ds", episodes=True)}
     assert episodes == {str(big + 1), str(big + 2), "1", "7"}
+
+
+def test_an_env_whose_package_is_missing_is_named() -> None:
+    """An env id gymnasium knows but cannot import is refused naming it, not as an ImportError."""
+    gym.register("RlpipeMissingPackage-v0", entry_point="rlpipe_no_such_package:Env")
+    try:
+        with pytest.raises(
+            DatasetError, match=re.escape("--env RlpipeMissingPackage-v0: gymnasium")
+        ):
+            env_spaces("RlpipeMissingPackage-v0")
+    finally:
+        del gym.registry["RlpipeMissingPackage-v0"]

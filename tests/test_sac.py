@@ -88,6 +88,7 @@ def test_sac_rejects_discrete_actions() -> None:
     [
         ({"tau": 1.5}, "SACConfig.tau: expected a number in [0, 1], got 1.5"),
         ({"alpha": 0}, "SACConfig.alpha: expected a number > 0, got 0"),
+        ({"target_entropy": True}, "SACConfig.target_entropy: expected a number or None"),
     ],
 )
 def test_sac_config_errors(kwargs: dict[str, Any], message: str) -> None:
