@@ -2,12 +2,12 @@
 
 - PPO on CartPole-v1, online through the server: ``rlpipe serve --commit-age 0.05`` writes the
   live dataset; local-inference ``PolicyClient`` processes (2 by default, ``--ppo-clients``) each
-  step 4 CartPoles in turn (SB3 steps 8), at most 1250 steps a second per process
-  (``--ppo-client-rate``: about what the trainer consumes; faster clients only take CPU from
-  it), pulling weights and uploading steps every 0.05 s (``PPO_INTERVAL_S``); ``rlpipe train
-  ppo --follow`` runs RL-Zoo's CartPole settings, but for 30 passes over each batch instead of
-  20 and GAE's lambda 0.95 instead of 0.8 (``PPO_OPTIONS`` says why), on the newest rows,
-  publishing a version per update. Figure: seconds until the mean return of the last 20
+  step 4 CartPoles in turn (SB3 steps 8), at most 2000 steps a second per process
+  (``--ppo-client-rate``: a little more than the trainer consumes, so each update has its 256
+  rows), pulling weights and uploading steps every 0.05 s (``PPO_INTERVAL_S``); ``rlpipe train
+  ppo --follow`` runs RL-Zoo's CartPole settings but for GAE's lambda, where it keeps rlpipe's
+  default 0.95 (the zoo's is 0.8; ``PPO_OPTIONS`` says why), on the newest rows, publishing a
+  version per update. Figure: seconds until the mean return of the last 20
   episodes the clients played (summed by the trainer from the rows it read) reaches 475, over
   SB3 PPO's (RL-Zoo's settings, linear schedules included, in-process) to the same bar on its
   own training episodes (``ppo_wall_vs_sb3``).
@@ -288,20 +288,23 @@ def _ratio(name: str, ours: float | None, theirs: float | None) -> float | None:
 
 
 # RL-Zoo's CartPole-v1 PPO (the settings SB3 runs with below), in the trainer's terms: at most
-# 256 rows (8 envs x 32 steps) per update as one minibatch, lr and clip falling to 0 over the 390
-# updates of the zoo's 1e5 steps; but 30 passes over each batch, not 20. Measured in-process with
-# 8 CartPoles and rows two versions stale, as online rows are (16 seeds each): 30 passes need
-# 28k env steps to 475 where 20 need 38k (SB3 itself: 31k, 10 seeds); with 384 rows an update
-# instead of 256, 39k and a long tail (58k-71k in 3 of 16), the dips of earlier runs. So each
-# update waits for 128 new rows and takes the newest 256 (the loop's MAX_BATCHES = 2): an update
-# takes longer than 256 rows take to come, and the rows it has no time for are left untrained
-# (counted as skipped_rows) rather than made into bigger batches. GAE's lambda 0.95 (PPO's
-# default), not the zoo's 0.8: in the same in-process imitation of this loop (8 CartPoles, rows
-# 1-3 versions stale, ~280 new rows an update, 12 seeds), env steps to 475 fell from median 30k
-# (20k-53k; 2 of 12 within 21k) to 25k (18k-39k; 5 of 12). An evaluation every 100.
-PPO_OPTIONS = ("--batch-size", "128", "--lr", "1e-3", "--gamma", "0.98", "--gae-lambda", "0.95",
-               "--update-epochs", "30", "--num-minibatches", "1", "--anneal-updates", "390",
-               "--eval-every", "100")  # fmt: skip
+# 256 rows (8 envs x 32 steps) per update as one minibatch, 20 passes over it, lr and clip falling
+# to 0 over the 390 updates of the zoo's 1e5 steps. Each update waits for 128 new rows and takes
+# the newest 256 (the loop's MAX_BATCHES = 2): rows it has no time for are left untrained
+# (counted as skipped_rows) rather than made into bigger batches. GAE's lambda is rlpipe's default
+# 0.95, not the zoo's 0.8: online, with 2000-step clients, seconds to 475 over seeds 0-3 were
+# 11.2, 56.1, 20.2 and 11.2 at 0.8 against 8.0, 19.7, 7.7 and 13.8 at 0.95 (20 passes each; 30
+# passes, the previous setting: 6.6, 20.8, 38.8 and 13.9). An evaluation every 100.
+PPO_SETTINGS = {
+    "--batch-size": "128",
+    "--lr": "1e-3",
+    "--gamma": "0.98",
+    "--update-epochs": "20",
+    "--num-minibatches": "1",
+    "--anneal-updates": "390",
+    "--eval-every": "100",
+}
+PPO_OPTIONS = tuple(part for option in PPO_SETTINGS.items() for part in option)
 # PPO's clients pull weights and upload steps, and its server commits and looks for a checkpoint,
 # every 50 ms (SAC's: 100 ms): each costs the server and clients little, and it halves most of the
 # time from a version's publication to its rows' arrival, so rows are staler by fewer versions
@@ -412,7 +415,7 @@ def main() -> None:
     parser.add_argument(
         "--ppo-client-rate",
         type=float,
-        default=1250.0,
+        default=2000.0,
         help="steps a second each CartPole client takes at most (0: no limit)",
     )
     parser.add_argument("--sac-clients", type=int, default=1, help="Pendulum client processes")

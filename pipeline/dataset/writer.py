@@ -71,7 +71,11 @@ class _Table:
         self.lock = threading.Lock()
         self.segment: Segment | None = None
         self.date = ""
-        self.opened = 0.0
+        # when it last rolled a segment (or was made): the open one rolls max_age_s after that,
+        # not after its own first row, so a steady stream commits a shard every max_age_s
+        # rather than every max_age_s plus the wait for the next append after a roll (50 ms
+        # against 68 ms at 50 ms, appends every 25 ms: the pace of an online PPO trainer)
+        self.rolled = time.monotonic()
         self.encoder = rowlog.RowEncoder(table_schema) if lines else None
         defaults = schema.STEP_DEFAULTS if name == layout.STEPS else schema.EPISODE_DEFAULTS
         self.defaults = {k: v for k, v in defaults.items() if k != "logged_at"}
@@ -84,11 +88,12 @@ class _Table:
         path = self._wal_dir / layout.segment_name(self.name, seq, rows=self.encoder is not None)
         kind = Segment if self.encoder is None else rowlog.RowSegment
         self.segment = kind(path, self.schema, seq)
-        self.date, self.opened = date, time.monotonic()
+        self.date = date
         return self.segment
 
     def detach(self) -> Segment | None:
         segment, self.segment = self.segment, None
+        self.rolled = time.monotonic()
         return segment
 
 
@@ -317,7 +322,7 @@ class DatasetWriter:
         with table.lock:
             if table.segment is None:
                 return
-            young = max_age is not None and time.monotonic() - table.opened < max_age
+            young = max_age is not None and time.monotonic() - table.rolled < max_age
             if young and not table.segment.broken:
                 return
             segment, date = table.detach(), table.date

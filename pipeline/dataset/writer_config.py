@@ -14,7 +14,8 @@ class WriterConfig:
     Attributes:
         max_rows: rows per shard before it rolls.
         max_bytes: bytes of log data (Arrow, or row lines) per shard before it rolls.
-        max_age_s: seconds a shard stays open; bounds how stale a following reader can be.
+        max_age_s: seconds from a table's previous roll to its next; bounds how stale a
+            following reader can be.
         row_group_rows: Parquet row group size; smaller groups prune and shuffle better.
         row_group_bytes: the most bytes (in Arrow, before encoding) of a row group: groups of
             large rows (camera frames: 131,072 of them are 2.7 GB) hold fewer rows.
