@@ -13,7 +13,8 @@
   own training episodes (``ppo_wall_vs_sb3``).
 - SAC on Pendulum-v1, online the same way, every 0.1 s: one local-inference client stepping at
   most 300 times a second (``--sac-client-rate``: an unpaced client spends a core on rows the
-  trainer has no time to replay), ``--batch-size 256``, a version published every 50 updates
+  trainer has no time to replay), ``--batch-size 256`` and ``--lr 1e-3`` (RL-Zoo's Pendulum
+  rate, which SB3's side runs with; rlpipe's default is 3e-4), a version published every 50 updates
   and a 5-episode greedy evaluation every 250. The trainer makes one update per new row, as
   SB3's SAC does, but no more than it has time for. Figure: seconds until the evaluation return
   reaches -200, over SB3 SAC's (``sac_wall_vs_sb3``).
@@ -316,7 +317,8 @@ def _online_figures(only: set[str], root: Path, args: argparse.Namespace) -> dic
     runs = [
         OnlineRun("ppo", "CartPole-v1", 475.0, PPO_OPTIONS, args.ppo_clients,
                   args.ppo_client_rate, PPO_INTERVAL_S),
-        OnlineRun("sac", "Pendulum-v1", -200.0, ("--batch-size", "256", "--eval-every", "250"),
+        OnlineRun("sac", "Pendulum-v1", -200.0,
+                  ("--batch-size", "256", "--lr", "1e-3", "--eval-every", "250"),
                   args.sac_clients, args.sac_client_rate),
     ]  # fmt: skip
     figures: dict[str, Any] = {}
