@@ -72,9 +72,9 @@ class _Table:
         self.segment: Segment | None = None
         self.date = ""
         # when it last rolled a segment (or was made): the open one rolls max_age_s after that,
-        # not after its own first row, so a steady stream commits a shard every max_age_s
-        # rather than every max_age_s plus the wait for the next append after a roll (50 ms
-        # against 68 ms at 50 ms, appends every 25 ms: the pace of an online PPO trainer)
+        # not after its own first row, so a steady stream commits a shard every max_age_s, not
+        # every max_age_s plus the wait for the first append after a roll (at 0.05 s with
+        # appends every 25 ms: a shard every 50 ms, not 69, which an online trainer waits for)
         self.rolled = time.monotonic()
         self.encoder = rowlog.RowEncoder(table_schema) if lines else None
         defaults = schema.STEP_DEFAULTS if name == layout.STEPS else schema.EPISODE_DEFAULTS
