@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import cartpole_spaces
+from deltalake import DeltaTable
 from s3_fixtures import Bucket
 
 from pipeline import DatasetWriter, InputReader, WriterConfig
+from pipeline.dataset.delta import Table
+from pipeline.dataset.location import locate
 
 COMMITS = 12  # after a first, which creates the table
 
@@ -63,6 +67,22 @@ def test_a_commit_makes_a_few_requests_however_long_the_log(
     later = counts[1:]
     assert max(later) <= 10, counts
     assert sum(later[-4:]) <= sum(later[:4]), counts  # no growth with the log
+    # deltalake's checkpoint interval here (100): a checkpoint costs some 25 requests
+    table = Table(locate(bucket.uri(), bucket.options), "steps").open()
+    assert table is not None and "delta.checkpointInterval" not in table.metadata().configuration
+
+
+def test_a_local_table_checkpoints_every_10_commits(tmp_path: Path) -> None:
+    """On a local disk a commit replays the log since the last checkpoint (14 ms a commit at
+    deltalake's interval of 100, 7 ms at Delta's own default of 10), so rlpipe's tables there
+    are made with 10."""
+    with DatasetWriter(tmp_path, *cartpole_spaces()) as writer:
+        for number in range(COMMITS):
+            writer.append(steps(f"e{number}", 10))
+            writer.flush()
+    table = DeltaTable(str(tmp_path / "steps"))
+    assert table.metadata().configuration["delta.checkpointInterval"] == "10"
+    assert list((tmp_path / "steps" / "_delta_log").glob("*.checkpoint.parquet"))  # at 9
 
 
 def test_a_reader_asks_no_file_its_size(bucket: Bucket, caplog: pytest.LogCaptureFixture) -> None:

@@ -143,6 +143,25 @@ def test_shards_roll_by_rows_and_age(tmp_path: Path) -> None:
     assert writer.shards_committed == 4
 
 
+def test_age_counts_from_the_tables_previous_roll(tmp_path: Path) -> None:
+    """A segment rolls max_age_s after the table's previous roll, not after its own first row:
+    rows appended after a longer quiet spell commit at the next tick, and a steady stream
+    commits a shard every max_age_s (docs/format.md, "Rolling")."""
+    rows = cartpole_rollout(100)
+    config = WriterConfig(max_age_s=2.0)
+    with DatasetWriter(tmp_path, *cartpole_spaces(), config=config) as writer:
+        writer.append(rows)
+        writer.flush()  # a roll
+        time.sleep(2.1)  # longer than max_age_s since it
+        appended = time.monotonic()
+        writer.append(rows)
+        while writer.shards_committed < 2 and time.monotonic() - appended < 10:
+            time.sleep(0.02)
+        waited = time.monotonic() - appended
+    assert writer.shards_committed == 2
+    assert waited < 1.5  # at the next tick (0.25 s), not 2 s after its first row
+
+
 def test_shards_describe_themselves(make_dataset: Any) -> None:
     path = make_dataset(steps=100)
     shard = next(path.glob("steps/date=*/part-*.parquet"))
