@@ -162,6 +162,26 @@ def test_age_counts_from_the_tables_previous_roll(tmp_path: Path) -> None:
     assert waited < 1.5  # at the next tick (0.25 s), not 2 s after its first row
 
 
+def test_a_flush_racing_the_age_roll_still_waits_for_the_commit(tmp_path: Path) -> None:
+    """With the ticker rolling every millisecond, a flush often finds the segment detached by
+    it; flush must still return only once those rows are committed, and close must commit the
+    last of them (a roll queued after close's own flush used to be dropped with the log)."""
+    rows = cartpole_rollout(10)
+    config = WriterConfig(max_age_s=0.004)
+    appended = 0
+    for _ in range(2):
+        with DatasetWriter(tmp_path, *cartpole_spaces(), config=config) as writer:
+            for _ in range(10):
+                writer.append(rows)
+                appended += 10
+                writer.flush()
+                assert len(_read_all(tmp_path, columns=["t"])) == appended
+            writer.append(rows)
+            appended += 10
+            time.sleep(0.004)  # close around the ticker's roll of these rows
+    assert len(_read_all(tmp_path, columns=["t"])) == appended
+
+
 def test_shards_describe_themselves(make_dataset: Any) -> None:
     path = make_dataset(steps=100)
     shard = next(path.glob("steps/date=*/part-*.parquet"))

@@ -155,6 +155,7 @@ class DatasetWriter:
         self._abandoned = False  # a shard left in the log at close, for recovery
         self._closing = threading.Event()
         self._closed = threading.Event()
+        self._rolling = threading.Lock()
         self.rows_acknowledged = 0
         self.shards_committed = 0
         self.last_commit_seconds = 0.0
@@ -239,9 +240,9 @@ class DatasetWriter:
             self.flush()
         finally:
             self._closed.set()
+            self._ticker.join()  # before the committer's end: a last roll is still committed
             self._pending.put(None)
             self._committer.join()
-            self._ticker.join()
             keep = self._failure is not None or self._abandoned
             release_log_dir(self._lock_fd, self._wal_dir, keep=keep)
 
@@ -319,15 +320,18 @@ class DatasetWriter:
         return rows
 
     def _roll(self, table: _Table, max_age: float | None = None) -> None:
-        with table.lock:
-            if table.segment is None:
-                return
-            young = max_age is not None and time.monotonic() - table.rolled < max_age
-            if young and not table.segment.broken:
-                return
-            segment, date = table.detach(), table.date
-        if segment is not None:
-            self._submit(table, segment, date)
+        # one roll at a time: a flush that finds the segment detached by the ticker waits here
+        # until the ticker has queued it, so the flush then waits for its commit too
+        with self._rolling:
+            with table.lock:
+                if table.segment is None:
+                    return
+                young = max_age is not None and time.monotonic() - table.rolled < max_age
+                if young and not table.segment.broken:
+                    return
+                segment, date = table.detach(), table.date
+            if segment is not None:
+                self._submit(table, segment, date)
 
     def _submit(self, table: _Table, segment: Segment, date: str) -> None:
         try:
