@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -180,6 +181,34 @@ def test_a_flush_racing_the_age_roll_still_waits_for_the_commit(tmp_path: Path) 
             appended += 10
             time.sleep(0.004)  # close around the ticker's roll of these rows
     assert len(_read_all(tmp_path, columns=["t"])) == appended
+
+
+def _append_until_closed(writer: DatasetWriter, rows: Any, acknowledged: list[int]) -> None:
+    with contextlib.suppress(DatasetError):  # closed: refused, nothing acknowledged
+        while True:
+            acknowledged.append(writer.append(rows))
+
+
+def test_appends_racing_close_are_committed_or_refused(tmp_path: Path) -> None:
+    """Appends from other threads while close() runs: each either raises (the writer is
+    closed) or its rows are in the table after close; none is acknowledged, then dropped."""
+    rows = cartpole_rollout(10)
+    expected = 0
+    for _ in range(5):
+        writer = DatasetWriter(tmp_path, *cartpole_spaces())
+        acknowledged: list[int] = []
+        threads = [
+            threading.Thread(target=_append_until_closed, args=(writer, rows, acknowledged))
+            for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.05)
+        writer.close()
+        for thread in threads:
+            thread.join()
+        expected += sum(acknowledged)
+        assert len(_read_all(tmp_path, columns=["t"])) == expected
 
 
 def test_shards_describe_themselves(make_dataset: Any) -> None:

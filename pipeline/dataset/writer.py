@@ -156,6 +156,8 @@ class DatasetWriter:
         self._closing = threading.Event()
         self._closed = threading.Event()
         self._rolling = threading.Lock()
+        self._gate = threading.Condition(threading.Lock())  # guards _closed against appends
+        self._appending = 0  # appends under way
         self.rows_acknowledged = 0
         self.shards_committed = 0
         self.last_commit_seconds = 0.0
@@ -231,12 +233,17 @@ class DatasetWriter:
         self._raise_if_failed()
 
     def close(self) -> None:
-        """Flush, stop the background threads and release the log. Safe to call twice. A shard
-        the disk refuses now is tried once and left in the log, for the next writer to recover."""
+        """Flush, stop the background threads and release the log. Safe to call twice. Appends
+        under way in other threads are committed with the rest; later ones raise DatasetError.
+        A shard the disk refuses now is tried once and left in the log, for the next writer to
+        recover."""
         if self._closed.is_set():
             return
         self._closing.set()
         try:
+            with self._gate:
+                self._closed.set()  # no append starts from here; those under way finish
+                self._gate.wait_for(lambda: not self._appending)
             self.flush()
         finally:
             self._closed.set()
@@ -292,10 +299,23 @@ class DatasetWriter:
         return self._write(table, date_of(now), rows, line, checked)
 
     def _write(self, table: _Table, date: str, rows: int, message: Any, kept: Any) -> int:
+        """One append, admitted only while the writer is open: close() waits for those under
+        way before its flush, so none is acknowledged after the flush and then dropped."""
+        with self._gate:
+            if self._closed.is_set():
+                raise DatasetError("this DatasetWriter is closed; open a new one")
+            self._appending += 1
+        try:
+            return self._write_segment(table, date, rows, message, kept)
+        finally:
+            with self._gate:
+                self._appending -= 1
+                if not self._appending:
+                    self._gate.notify_all()
+
+    def _write_segment(self, table: _Table, date: str, rows: int, message: Any, kept: Any) -> int:
         """One append to the table's open segment (rolled first if its date has passed)."""
         self._raise_if_failed()
-        if self._closed.is_set():
-            raise DatasetError("this DatasetWriter is closed; open a new one")
         if rows == 0:
             return 0
         rolled = None
