@@ -315,9 +315,10 @@ PPO_INTERVAL_S = 0.05
 # Acting is not paced by learning here, as it is in SB3's loop: clients playing faster than the
 # trainer takes rows (6,000 a second against its ~3,900) cost it no gradient steps, and the 20
 # episodes the figure averages are played sooner after each version. Seconds to 475, seeds 0-4
-# interleaved with SB3's in one run each: medians 11.2 s at 2,000 steps a second (1.58x SB3's),
-# 6.9 s at 3,000 (1.00x); seeds 0-4 at 4,000: 5.8-10.2 s, median 7.2, no better than 3,000 for
-# a third more client CPU; unpaced clients take the trainer's core (15 s to never).
+# interleaved with SB3's in one run each, back to back: medians 11.2 s at 2,000 steps a second
+# (1.58x SB3's), 6.9 s at 3,000 (1.00x). Over five runs at 3,000 the ratio was 0.98-1.55
+# (median 1.27); over four at 2,000, 1.19-1.58. Seeds 0-4 at 4,000: 5.8-10.2 s, median 7.2, no
+# better than 3,000 for a third more client CPU; unpaced clients take the trainer's core.
 PPO_CLIENT_RATE = 3000.0
 
 
