@@ -23,7 +23,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, cast
 
@@ -35,6 +35,7 @@ from pipeline.dataset.delta import Table
 from pipeline.dataset.location import locate
 from pipeline.dataset.recovery import Recovered, recover
 from pipeline.dataset.shard import date_of, first_date, write_shard
+from pipeline.dataset.table_log import TableLog
 from pipeline.dataset.wal import Segment, claim_log_dir, release_log_dir
 from pipeline.dataset.writer_config import WriterConfig
 from pipeline.errors import DatasetError, StorageError
@@ -58,43 +59,6 @@ def _as_columns(data: Columns) -> Mapping[str, Any]:
     if isinstance(data, pa.Table | pa.RecordBatch):
         return {name: data.column(name) for name in data.schema.names}
     return data
-
-
-class _Table:
-    """One table's open log segment of one kind (Arrow or lines) and what rolls it."""
-
-    def __init__(
-        self, name: str, table_schema: pa.Schema, wal_dir: Path, seqs: Iterator[int], lines: bool
-    ) -> None:
-        self.name = name
-        self.schema = table_schema
-        self.lock = threading.Lock()
-        self.segment: Segment | None = None
-        self.date = ""
-        # when it last rolled a segment (or was made): the open one rolls max_age_s after that,
-        # not after its own first row, so a steady stream commits a shard every max_age_s, not
-        # every max_age_s plus the wait for the first append after a roll (at 0.05 s with
-        # appends every 25 ms: a shard every 50 ms, not 69, which an online trainer waits for)
-        self.rolled = time.monotonic()
-        self.encoder = rowlog.RowEncoder(table_schema) if lines else None
-        defaults = schema.STEP_DEFAULTS if name == layout.STEPS else schema.EPISODE_DEFAULTS
-        self.defaults = {k: v for k, v in defaults.items() if k != "logged_at"}
-        self.given = set(table_schema.names) - {"logged_at"}  # the columns a line takes
-        self._wal_dir = wal_dir
-        self._seqs = seqs  # shared by the table's two kinds: one shard name per segment
-
-    def open_segment(self, date: str) -> Segment:
-        seq = next(self._seqs)
-        path = self._wal_dir / layout.segment_name(self.name, seq, rows=self.encoder is not None)
-        kind = Segment if self.encoder is None else rowlog.RowSegment
-        self.segment = kind(path, self.schema, seq)
-        self.date = date
-        return self.segment
-
-    def detach(self) -> Segment | None:
-        segment, self.segment = self.segment, None
-        self.rolled = time.monotonic()
-        return segment
 
 
 class DatasetWriter:
@@ -141,13 +105,13 @@ class DatasetWriter:
         schemas = {layout.STEPS: step_schema, layout.EPISODES: schema.EPISODE_SCHEMA}
         seqs = {name: itertools.count() for name in schemas}
         self._tables = {  # (name, lines): an Arrow segment per table, and lines where they fit
-            (name, lines): _Table(name, table_schema, wal_dir, seqs[name], lines)
+            (name, lines): TableLog(name, table_schema, wal_dir, seqs[name], lines)
             for name, table_schema in schemas.items()
             for lines in (False, True)
             if not lines or rowlog.fits(table_schema)
         }
         self._wal_dir = wal_dir
-        self._pending: queue.Queue[tuple[_Table, Segment, str] | None] = queue.Queue(
+        self._pending: queue.Queue[tuple[TableLog, Segment, str] | None] = queue.Queue(
             self.config.max_pending_shards
         )
         self._failure: BaseException | None = None
@@ -298,7 +262,7 @@ class DatasetWriter:
             return None
         return self._write(table, date_of(now), rows, line, checked)
 
-    def _write(self, table: _Table, date: str, rows: int, message: Any, kept: Any) -> int:
+    def _write(self, table: TableLog, date: str, rows: int, message: Any, kept: Any) -> int:
         """One append, admitted only while the writer is open: close() waits for those under
         way before its flush, so none is acknowledged after the flush and then dropped."""
         with self._gate:
@@ -313,7 +277,7 @@ class DatasetWriter:
                 if not self._appending:
                     self._gate.notify_all()
 
-    def _write_segment(self, table: _Table, date: str, rows: int, message: Any, kept: Any) -> int:
+    def _write_segment(self, table: TableLog, date: str, rows: int, message: Any, kept: Any) -> int:
         """One append to the table's open segment (rolled first if its date has passed)."""
         self._raise_if_failed()
         if rows == 0:
@@ -339,7 +303,7 @@ class DatasetWriter:
         self.rows_acknowledged += rows if table.name == layout.STEPS else 0
         return rows
 
-    def _roll(self, table: _Table, max_age: float | None = None) -> None:
+    def _roll(self, table: TableLog, max_age: float | None = None) -> None:
         # one roll at a time: a flush that finds the segment detached by the ticker waits here
         # until the ticker has queued it, so the flush then waits for its commit too
         with self._rolling:
@@ -353,7 +317,7 @@ class DatasetWriter:
             if segment is not None:
                 self._submit(table, segment, date)
 
-    def _submit(self, table: _Table, segment: Segment, date: str) -> None:
+    def _submit(self, table: TableLog, segment: Segment, date: str) -> None:
         try:
             segment.close()
         except OSError as error:  # its rows are in memory: the shard is what makes them durable
@@ -375,7 +339,7 @@ class DatasetWriter:
                 self._pending.task_done()
         self._pending.task_done()
 
-    def _commit(self, table: _Table, segment: Segment, date: str) -> None:
+    def _commit(self, table: TableLog, segment: Segment, date: str) -> None:
         if segment.rows:
             started = time.perf_counter()
             _, action = write_shard(
