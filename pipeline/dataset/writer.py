@@ -204,13 +204,12 @@ class DatasetWriter:
         if self._closed.is_set():
             return
         self._closing.set()
+        with self._gate:
+            self._closed.set()  # no append starts from here; those under way finish
+            self._gate.wait_for(lambda: not self._appending)
         try:
-            with self._gate:
-                self._closed.set()  # no append starts from here; those under way finish
-                self._gate.wait_for(lambda: not self._appending)
             self.flush()
         finally:
-            self._closed.set()
             self._ticker.join()  # before the committer's end: a last roll is still committed
             self._pending.put(None)
             self._committer.join()
