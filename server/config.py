@@ -31,6 +31,10 @@ class ServerConfig:
         idle_timeout_s: episodes without a request for this long are closed as truncated.
         policy_poll_s: how often the server looks for a newer checkpoint.
         max_backlog: rolled shards waiting to be written before the server answers 503.
+        backlog_wait_s: how long a request that finds ``max_backlog`` shards waiting waits
+            for the writer to catch up before that 503 (0: at once). A commit that is slow
+            for a moment then slows answers by as much, instead of sending clients to sleep
+            for ``retry_after_s``.
         retry_after_s: what a 503 asks clients to wait.
         seed: seeds the server's action sampling, so runs can be repeated.
         writer: the dataset writer's config; a 2xx answers an append it acknowledged, so the
@@ -48,6 +52,7 @@ class ServerConfig:
     idle_timeout_s: float = 300.0
     policy_poll_s: float = 0.2
     max_backlog: int = 3
+    backlog_wait_s: float = 1.0
     retry_after_s: int = 1
     seed: int = 0
     writer: WriterConfig = field(default_factory=lambda: WriterConfig(sync="background"))
@@ -71,6 +76,9 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError("ServerConfig", name, "an integer >= 1", value)
+        wait = self.backlog_wait_s
+        if not isinstance(wait, int | float) or isinstance(wait, bool) or not wait >= 0:
+            raise ConfigError("ServerConfig", "backlog_wait_s", "a number of seconds >= 0", wait)
         for name in ("idle_timeout_s", "policy_poll_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value > 0:

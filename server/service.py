@@ -76,17 +76,27 @@ class Service:
         self._reaper.start()
 
     def check_backlog(self) -> None:
-        """503 with Retry-After when shards pile up: better a client waits than data is dropped."""
-        if self.writer.backlog >= self.config.max_backlog:
-            refused = self.writer.disk.error
-            if refused is not None:
-                raise storage_refused(refused, self.config.retry_after_s)
-            raise ApiError(
-                503,
-                f"the server is {self.writer.backlog} shards behind in writing; retry after "
-                f"{self.config.retry_after_s} s",
-                retry_after=self.config.retry_after_s,
-            )
+        """503 with Retry-After when the writer stays behind: better a client waits than data is
+        dropped. A request that finds ``max_backlog`` shards waiting first waits up to
+        ``backlog_wait_s`` for the writer to catch up, so a moment's queue (a slow commit) is a
+        slower answer, not a client asleep for all of Retry-After; a refusing disk is answered
+        at once."""
+        config, writer = self.config, self.writer
+        if writer.backlog < config.max_backlog:
+            return
+        if writer.disk.error is None and writer.wait_backlog(
+            config.max_backlog, config.backlog_wait_s
+        ):
+            return
+        refused = writer.disk.error
+        if refused is not None:
+            raise storage_refused(refused, config.retry_after_s)
+        raise ApiError(
+            503,
+            f"the server is {writer.backlog} shards behind in writing; retry after "
+            f"{config.retry_after_s} s",
+            retry_after=config.retry_after_s,
+        )
 
     def close_episode(self, episode: Episode, end_reason: str = CLOSED) -> None:
         """Write what an abandoned episode holds: its pending steps as truncated, its summary."""

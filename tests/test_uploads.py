@@ -94,8 +94,9 @@ def test_a_timed_upload_retried_after_a_restart_is_checked_within_its_times(
 
 
 def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path: Path) -> None:
-    """Every upload rolls a shard and one rolled shard waiting is the limit: four clients
-    uploading back to back soon meet a writer still writing a shard to Parquet."""
+    """Every upload rolls a shard and one rolled shard waiting is the limit, with no wait for
+    the writer: four clients uploading back to back soon meet a writer still writing a shard
+    to Parquet."""
     from pipeline.dataset.writer_config import WriterConfig
 
     data = tmp_path / "ds"
@@ -113,7 +114,8 @@ def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path
                 return
             acknowledged.append(answer.json()["stored"]["steps"])
 
-    with running_server(cartpole_config(data, max_backlog=1, writer=writer)) as server:
+    config = cartpole_config(data, max_backlog=1, backlog_wait_s=0, writer=writer)
+    with running_server(config) as server:
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(upload_until_refused, ["a", "b", "c", "d"]))
         assert refused, "1,200 uploads from four clients never found the writer behind"
@@ -134,6 +136,37 @@ def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path
     steps = pd.read_parquet(data / "steps")
     assert len(steps) == sum(acknowledged) + 50 * len(refused)
     assert set(steps.groupby("episode_id").size()) == {50}
+
+
+def test_a_writer_behind_for_a_moment_slows_answers_instead_of_refusing(
+    tmp_path: Path,
+) -> None:
+    """The load above, with requests waiting for the writer to catch up (as by default, with a
+    bound far above any commit here): no 503, and every upload stored. Refused instead, a
+    client would sleep a whole Retry-After (1 s) for a queue that clears in milliseconds:
+    online PPO's trainer, fed by clients committing every 50 ms, waited a second at every
+    other update."""
+    from pipeline.dataset.writer_config import WriterConfig
+
+    data = tmp_path / "ds"
+    writer = WriterConfig(max_rows=1, sync="background")
+    config = cartpole_config(data, max_backlog=1, backlog_wait_s=30, writer=writer)
+    with running_server(config) as server:
+
+        def upload(client: str) -> list[int]:
+            return [
+                _send_upload(
+                    server.url, client, seq, _steps_table(f"{client}-{seq}", 50)
+                ).status_code
+                for seq in range(150)
+            ]
+
+        with ThreadPoolExecutor(4) as pool:
+            statuses = [code for codes in pool.map(upload, "abcd") for code in codes]
+        metrics = requests.get(server.url + "/v1/metrics", timeout=5).text
+    assert set(statuses) == {200}
+    assert metric(metrics, "rlpipe_responses_total", status="503") is None
+    assert len(pd.read_parquet(data / "steps")) == 4 * 150 * 50
 
 
 def test_an_upload_with_a_nan_reward_is_refused_whole_on_the_fast_path(tmp_path: Path) -> None:

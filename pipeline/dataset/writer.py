@@ -114,6 +114,7 @@ class DatasetWriter:
         self._pending: queue.Queue[tuple[TableLog, Segment, str] | None] = queue.Queue(
             self.config.max_pending_shards
         )
+        self._taken = threading.Condition()  # notified as the committer takes a shard
         self._failure: BaseException | None = None
         self.disk = storage.Disk()  # why the disk refuses writes, while it does
         self._abandoned = False  # a shard left in the log at close, for recovery
@@ -154,6 +155,11 @@ class DatasetWriter:
     def backlog(self) -> int:
         """Rolled shards waiting to be written; the server answers 503 when this is full."""
         return self._pending.qsize()
+
+    def wait_backlog(self, below: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the backlog to fall below ``below``; whether it has."""
+        with self._taken:
+            return self._taken.wait_for(lambda: self._pending.qsize() < below, timeout_s)
 
     def append(self, steps: Columns) -> int:
         """Validate ``steps`` and make them durable; returns how many rows were acknowledged.
@@ -324,7 +330,7 @@ class DatasetWriter:
         self._pending.put((table, segment, date))
 
     def _commit_loop(self) -> None:
-        while (item := self._pending.get()) is not None:
+        while (item := self._take()) is not None:
             try:
                 if self._failure is None and not self._abandoned:  # in order, or not at all
                     commit = functools.partial(self._commit, *item)
@@ -337,6 +343,12 @@ class DatasetWriter:
             finally:
                 self._pending.task_done()
         self._pending.task_done()
+
+    def _take(self) -> tuple[TableLog, Segment, str] | None:
+        item = self._pending.get()
+        with self._taken:
+            self._taken.notify_all()
+        return item
 
     def _commit(self, table: TableLog, segment: Segment, date: str) -> None:
         if segment.rows:
