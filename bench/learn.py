@@ -319,6 +319,9 @@ PPO_INTERVAL_S = 0.05
 # (1.58x SB3's), 6.9 s at 3,000 (1.00x). Over five runs at 3,000 the ratio was 0.98-1.55
 # (median 1.27); over four at 2,000, 1.19-1.58. Seeds 0-4 at 4,000: 5.8-10.2 s, median 7.2, no
 # better than 3,000 for a third more client CPU; unpaced clients take the trainer's core.
+# Those runs had seeds stalled by the server's 503s on a moment's write backlog (clients asleep
+# 1 s; now waited out, ``ServerConfig.backlog_wait_s``). Five runs since: 0.99-1.34 (median
+# 1.09), the slowest seed 1.54-1.79x SB3's median (6.27 and 13.08 among the five before).
 PPO_CLIENT_RATE = 3000.0
 
 
