@@ -10,11 +10,14 @@ import json
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import ConfigError
+
+COMPACT_EVERY_S = 600.0  # rlpipe serve --compact-every's default
 
 if TYPE_CHECKING:
     from server.config import ServerConfig
@@ -117,10 +120,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--compact-every",
         type=float,
+        default=COMPACT_EVERY_S,
         metavar="SECONDS",
-        help="compact the dataset this often in a background process (rlpipe compact, with "
-        "the tables' own retention); off by default. Safe with other servers writing and "
-        "trainers following; of several servers, one compacts at a time and the others skip",
+        help=f"compact the dataset this often (default {COMPACT_EVERY_S:g} s; 0: never), each "
+        "pass in a process of its own (rlpipe compact, with the tables' own retention). Every "
+        "commit adds a small file, and a commit costs more the more files the table holds "
+        "(measured: 2.5 ms at 200, 12.7 ms at 2,200): a server left without it slows down by "
+        "the hour. Safe with other servers writing and trainers following; of several "
+        "servers, one compacts at a time and the others skip",
     )
     parser.set_defaults(command_module=__name__)
 
@@ -135,39 +142,61 @@ def run(args: argparse.Namespace) -> int:
     def announce(url: str) -> None:
         print(f"rlpipe serve: {url}/v1 -> {args.data}", file=sys.stderr, flush=True)
 
-    compactor = _start_compactor(args)
+    compactor = _Compactor(args)
     try:
         serve(config, args.host, args.port, args.threads, announce, tls)
     finally:
-        if compactor is not None:
-            compactor.terminate()
-            compactor.join()
+        compactor.stop()
     return 0
 
 
-def _start_compactor(args: argparse.Namespace) -> Any:
-    """``--compact-every``: upkeep in a process of its own, spawned, not forked: deltalake
-    refuses to run in a process forked after it started its runtime, and the server's worker
-    is forked from this one (``server.host``)."""
-    if args.compact_every is None:
-        return None
-    if not args.compact_every > 0:
-        raise ConfigError("serve", "compact_every", "seconds > 0", args.compact_every)
-    import multiprocessing
+class _Compactor:
+    """``--compact-every``: a thread that runs an upkeep pass every so often, each in a process
+    spawned for it, not forked (deltalake refuses to run in a process forked after it started
+    its runtime, and the server's worker is forked from this one, ``server.host``). Nothing is
+    spawned before the first pass, so a short-lived server costs nothing; a pass under way
+    when the server is killed finishes and its process exits."""
 
-    from pipeline.dataset.location import locate
-    from pipeline.dataset.upkeep import run_compactor
+    def __init__(self, args: argparse.Namespace) -> None:
+        every = args.compact_every
+        if isinstance(every, bool) or not isinstance(every, int | float) or not every >= 0:
+            raise ConfigError("serve", "compact_every", "seconds >= 0 (0: never)", every)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._child: Any = None
+        if every == 0:
+            return
+        from pipeline.dataset.location import locate
+        from pipeline.dataset.upkeep import run_compactor
 
-    options = storage_options("serve", args.storage_option)
-    context = multiprocessing.get_context("spawn")
-    process = context.Process(
-        target=run_compactor,
-        args=(locate(args.data, options), args.compact_every),
-        name="rlpipe-compactor",
-        daemon=True,
-    )
-    process.start()
-    return process
+        location = locate(args.data, storage_options("serve", args.storage_option))
+        loop = {"stop": self._stop, "run_pass": self._spawned}
+        threading.Thread(
+            target=run_compactor, args=(location, every), kwargs=loop, daemon=True
+        ).start()
+
+    def _spawned(self, location: Any, report: Any) -> None:
+        """A pass in a spawned process, which reports on stderr itself."""
+        import multiprocessing
+
+        from pipeline.dataset.upkeep import compact_once
+
+        with self._lock:
+            if self._stop.is_set():
+                return
+            context = multiprocessing.get_context("spawn")
+            self._child = context.Process(
+                target=compact_once, args=(location,), name="rlpipe-compactor", daemon=True
+            )
+            self._child.start()
+        self._child.join()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._child is not None and self._child.is_alive():
+                self._child.terminate()
+                self._child.join()
 
 
 def _token(args: argparse.Namespace) -> str | None:

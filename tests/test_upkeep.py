@@ -4,6 +4,7 @@ because of them, and the merged files keep rlpipe's encodings."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import cartpole_spaces
+from conftest import cartpole_spaces, play_client
 from deltalake import DeltaTable
 from s3_fixtures import SECRET, Bucket
 
@@ -225,6 +226,49 @@ def test_the_server_compacts_in_the_background(tmp_path: Path) -> None:
     assert sum(keys(list(InputReader(location.uri))).values()) == 11 * 200
 
 
+def _descendants(pid: int) -> set[int]:
+    """The processes under ``pid``, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    found, todo = set(), [pid]
+    while todo:
+        children = [child for child, parent in parents.items() if parent == todo[-1]]
+        todo.pop()
+        found.update(children)
+        todo.extend(children)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find processes")
+def test_no_compactor_outlives_a_killed_server(tmp_path: Path) -> None:
+    """Each pass of ``rlpipe serve --compact-every`` runs in a process spawned for it: after a
+    ``kill -9`` of the server, a pass under way finishes and nothing of the server is left
+    running (a compactor process that looped on its own was left compacting forever)."""
+    from server_fixtures import free_port, kill, server_log, start_serve_process
+
+    from pipeline.client import PolicyClient
+
+    data, port = tmp_path / "ds", free_port()
+    server = start_serve_process(data, port, "--commit-age", "0.05", "--compact-every", "0.2")
+    try:
+        client = PolicyClient(f"127.0.0.1:{port}", "remote")
+        play_client(client, 3, seed=0)
+        deadline = time.monotonic() + 60
+        while "compacted steps:" not in server_log(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "compacted steps:" in server_log(server), server_log(server)[-2000:]
+        spawned = _descendants(server.pid)
+    finally:
+        kill(server)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in spawned) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in spawned if Path(f"/proc/{pid}").exists()]
+    assert not left, f"still running 30 s after the server's kill -9: {left}"
+
+
 def test_rlpipe_compact_on_s3(bucket: Bucket, capsys: pytest.CaptureFixture[str]) -> None:
     """``rlpipe compact s3://...`` with the endpoint and keys as --storage-option flags; its
     output and errors never carry the secret."""
@@ -248,7 +292,6 @@ def test_rlpipe_serve_compacts_in_the_background(tmp_path: Path) -> None:
     """``rlpipe serve --compact-every`` compacts while clients play (its compactor is a spawned
     process: the forked worker could not run deltalake otherwise); every step the client
     played is in the table once, and the server stops with its compactor."""
-    from conftest import play_client
     from server_fixtures import free_port, kill, server_log, start_serve_process
 
     from pipeline.client import PolicyClient

@@ -246,28 +246,32 @@ def _to_stderr(line: str) -> None:
     print(f"rlpipe serve: {line}", file=sys.stderr, flush=True)
 
 
+def compact_once(location: Location, report: Callable[[str], None] = _to_stderr) -> None:
+    """One upkeep pass, reported through ``report``: a pass skipped because another upkeep of
+    the dataset is running (another server's), or that meets a store error, is reported and
+    raises nothing, so the next pass tries again and the server goes on."""
+    try:
+        done = upkeep(location, DEFAULT_RETENTION_HOURS)
+    except UpkeepBusy as busy:  # another server's pass: this one's turn comes later
+        report(f"compaction skipped: {busy}")
+        return
+    except (RlpipeError, DeltaError, OSError) as error:
+        report(f"compaction failed, trying again at the next pass: {error}")
+        return
+    for entry in done:
+        report(f"compacted {entry.describe()}")
+
+
 def run_compactor(
     location: Location,
     every_s: float,
     report: Callable[[str], None] = _to_stderr,
     stop: threading.Event | None = None,
+    run_pass: Callable[[Location, Callable[[str], None]], None] = compact_once,
 ) -> None:
-    """Upkeep every ``every_s`` seconds until ``stop`` is set: the body of ``rlpipe serve
-    --compact-every``'s background process, which the server terminates.
-
-    A pass skipped because another upkeep of the dataset is running (another server's), or that
-    meets a store error, is reported through ``report``, and the next tick tries again; it never
-    stops the server, and its writers' commits go on meanwhile.
-    """
+    """A pass (:func:`compact_once`, or ``run_pass``) every ``every_s`` seconds until ``stop``
+    is set: ``rlpipe serve --compact-every``'s loop, whose passes each run in a process of
+    their own. Writers' commits go on meanwhile."""
     stop = stop or threading.Event()
     while not stop.wait(every_s):
-        try:
-            done = upkeep(location, DEFAULT_RETENTION_HOURS)
-        except UpkeepBusy as busy:  # another server's pass: this one's turn comes later
-            report(f"compaction skipped: {busy}")
-            continue
-        except (RlpipeError, DeltaError, OSError) as error:
-            report(f"compaction failed, trying again in {every_s:g}s: {error}")
-            continue
-        for entry in done:
-            report(f"compacted {entry.describe()}")
+        run_pass(location, report)
