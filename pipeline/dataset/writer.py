@@ -153,7 +153,7 @@ class DatasetWriter:
 
     @property
     def backlog(self) -> int:
-        """Rolled shards waiting to be written; the server answers 503 when this is full."""
+        """Rolled shards waiting to be written; a request finding it full waits, then gets 503."""
         return self._pending.qsize()
 
     def wait_backlog(self, below: int, timeout_s: float) -> bool:
