@@ -158,7 +158,7 @@ def test_a_writer_behind_for_a_moment_slows_answers_instead_of_refusing(
                 _send_upload(
                     server.url, client, seq, _steps_table(f"{client}-{seq}", 50)
                 ).status_code
-                for seq in range(150)
+                for seq in range(50)
             ]
 
         with ThreadPoolExecutor(4) as pool:
@@ -166,7 +166,7 @@ def test_a_writer_behind_for_a_moment_slows_answers_instead_of_refusing(
         metrics = requests.get(server.url + "/v1/metrics", timeout=5).text
     assert set(statuses) == {200}
     assert metric(metrics, "rlpipe_responses_total", status="503") is None
-    assert len(pd.read_parquet(data / "steps")) == 4 * 150 * 50
+    assert len(pd.read_parquet(data / "steps")) == 4 * 50 * 50
 
 
 def test_an_upload_with_a_nan_reward_is_refused_whole_on_the_fast_path(tmp_path: Path) -> None:
