@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import ConfigError
 
-COMPACT_EVERY_S = 600.0  # rlpipe serve --compact-every's default
-
 if TYPE_CHECKING:
     from server.config import ServerConfig
     from server.host import Tls
@@ -120,14 +118,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--compact-every",
         type=float,
-        default=COMPACT_EVERY_S,
+        default=0.0,
         metavar="SECONDS",
-        help=f"compact the dataset this often (default {COMPACT_EVERY_S:g} s; 0: never), each "
-        "pass in a process of its own (rlpipe compact, with the tables' own retention). Every "
-        "commit adds a small file, and a commit costs more the more files the table holds "
-        "(measured: 2.5 ms at 200, 12.7 ms at 2,200): a server left without it slows down by "
-        "the hour. Safe with other servers writing and trainers following; of several "
-        "servers, one compacts at a time and the others skip",
+        help="compact the dataset this often (0, the default: never), each pass in a process "
+        "of its own (rlpipe compact, with the tables' own retention). Every commit adds a "
+        "small file, and a commit costs more the more files the table holds (measured: 2.5 ms "
+        "at 200, 12.7 ms at 2,200): a server that runs for hours wants it (600, say). Safe "
+        "with other servers writing and trainers following; of several servers, one compacts "
+        "at a time and the others skip",
     )
     parser.set_defaults(command_module=__name__)
 
