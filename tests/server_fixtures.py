@@ -137,6 +137,24 @@ def server_log(process: subprocess.Popen[bytes]) -> str:
     return log.read().decode(errors="replace")
 
 
+def process_family(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc (a process that ends meanwhile is left out)."""
+    found, todo = [], [pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            children = [
+                int(child)
+                for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()
+            ]
+        except FileNotFoundError:
+            continue
+        found.append(pid)
+        todo += children
+    return found
+
+
 def kill(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     """Signal a process and wait for it; a served one's stderr file is closed."""
     process.send_signal(sig)

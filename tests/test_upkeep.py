@@ -4,7 +4,6 @@ because of them, and the merged files keep rlpipe's encodings."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -226,27 +225,18 @@ def test_the_server_compacts_in_the_background(tmp_path: Path) -> None:
     assert sum(keys(list(InputReader(location.uri))).values()) == 11 * 200
 
 
-def _descendants(pid: int) -> set[int]:
-    """The processes under ``pid``, from /proc."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    found, todo = set(), [pid]
-    while todo:
-        children = [child for child, parent in parents.items() if parent == todo[-1]]
-        todo.pop()
-        found.update(children)
-        todo.extend(children)
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find processes")
 def test_no_compactor_outlives_a_killed_server(tmp_path: Path) -> None:
     """Each pass of ``rlpipe serve --compact-every`` runs in a process spawned for it: after a
     ``kill -9`` of the server, a pass under way finishes and nothing of the server is left
     running (a compactor process that looped on its own was left compacting forever)."""
-    from server_fixtures import free_port, kill, server_log, start_serve_process
+    from server_fixtures import (
+        free_port,
+        kill,
+        process_family,
+        server_log,
+        start_serve_process,
+    )
 
     from pipeline.client import PolicyClient
 
@@ -259,7 +249,7 @@ def test_no_compactor_outlives_a_killed_server(tmp_path: Path) -> None:
         while "compacted steps:" not in server_log(server) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert "compacted steps:" in server_log(server), server_log(server)[-2000:]
-        spawned = _descendants(server.pid)
+        spawned = process_family(server.pid)
     finally:
         kill(server)
     deadline = time.monotonic() + 30
