@@ -156,8 +156,8 @@ class _Compactor:
     when the server is killed finishes and its process exits."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        every = args.compact_every
-        if isinstance(every, bool) or not isinstance(every, int | float) or not every >= 0:
+        every = args.compact_every  # a float: argparse parsed it
+        if not every >= 0:  # negative, or NaN
             raise ConfigError("serve", "compact_every", "seconds >= 0 (0: never)", every)
         self._stop = threading.Event()
         self._lock = threading.Lock()
