@@ -19,8 +19,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check pipeline server tests bench examples
 	$(BIN)/mypy pipeline server
 
+# four workers on any machine: the suite mostly waits on servers and subprocesses (and its
+# timing-sensitive tests are written for a loaded machine); `pytest -n 0` runs it serially
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 4
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py $(if $(DATA),--data $(DATA))
