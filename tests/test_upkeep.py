@@ -22,7 +22,7 @@ from pipeline import DatasetWriter, InputReader, WriterConfig
 from pipeline.commands.cli import main
 from pipeline.dataset.lease import UpkeepBusy
 from pipeline.dataset.location import Location, locate
-from pipeline.dataset.upkeep import run_compactor, upkeep
+from pipeline.dataset.upkeep import compact_once, upkeep
 from pipeline.errors import ConfigError
 from pipeline.format import layout
 
@@ -203,14 +203,19 @@ def test_a_short_retention_is_refused_without_force(tmp_path: Path) -> None:
     assert operations(location)["OPTIMIZE"] == 0  # refused before anything was done
 
 
-def test_the_server_compacts_in_the_background(tmp_path: Path) -> None:
-    """``run_compactor`` (``rlpipe serve --compact-every``) merges a writer's commits as they
-    come and reports each pass; the writer's commits go on."""
+def test_compaction_passes_merge_a_writers_commits_as_they_come(tmp_path: Path) -> None:
+    """Passes of ``compact_once`` (each pass of ``rlpipe serve --compact-every``), back to back
+    while a writer commits, merge its commits and report each pass; the commits go on."""
     location = locate(tmp_path / "ds")
     write_commits(location, 1)
     lines: list[str] = []
     stop = threading.Event()
-    compactor = threading.Thread(target=run_compactor, args=(location, 0.05, lines.append, stop))
+
+    def passes() -> None:
+        while not stop.wait(0.05):
+            compact_once(location, lines.append)
+
+    compactor = threading.Thread(target=passes)
     compactor.start()
     try:
         write_commits(location, 10, seed=1)

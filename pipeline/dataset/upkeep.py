@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -260,18 +259,3 @@ def compact_once(location: Location, report: Callable[[str], None] = _to_stderr)
         return
     for entry in done:
         report(f"compacted {entry.describe()}")
-
-
-def run_compactor(
-    location: Location,
-    every_s: float,
-    report: Callable[[str], None] = _to_stderr,
-    stop: threading.Event | None = None,
-    run_pass: Callable[[Location, Callable[[str], None]], None] = compact_once,
-) -> None:
-    """A pass (:func:`compact_once`, or ``run_pass``) every ``every_s`` seconds until ``stop``
-    is set: ``rlpipe serve --compact-every``'s loop, whose passes each run in a process of
-    their own. Writers' commits go on meanwhile."""
-    stop = stop or threading.Event()
-    while not stop.wait(every_s):
-        run_pass(location, report)
