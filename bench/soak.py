@@ -3,7 +3,9 @@ trainer, then a check that nothing acknowledged was lost or stored twice (issue 
 
 Running together, each its own process:
 
-- ``rlpipe serve --sync always`` (granian) on CartPole-v1, its log in ``logs/server.log``;
+- ``rlpipe serve --sync always`` (granian) on CartPole-v1, its log in ``logs/server.log``,
+  compacting the dataset (``--compact-every``, on by default) every half of the shortest time
+  between kills, so that passes run in every lifetime of the server and kills land in them;
 - ``rlpipe train ppo --follow`` publishing policies into the dataset;
 - clients (``bench/soak_clients.py``): remote inference (2), local inference, a vector env of
   8 CartPoles through ``VectorEpisodes``, and a multi-agent client (two CartPole agents per
@@ -15,9 +17,10 @@ run still kills several times) the server or the trainer, picked at random, gets
 is started again at once on the same port and dataset. At the end the clients stop cleanly, the
 server gets SIGTERM, and ``bench/soak_check.py`` reads every file of the dataset.
 
-The server's memory is the RSS of its process tree (granian's supervisor and worker), from
-``/proc``, sampled every second. Kills split the run into server lifetimes, so growth is measured
-within each (``bench/soak_check.py`` says how), and ``server_rss_growth`` is the largest.
+The server's memory is the RSS of its process tree (granian's supervisor and worker, not the
+processes that compaction passes come and go in), from ``/proc``, sampled every second. Kills
+split the run into server lifetimes, so growth is measured within each (``bench/soak_check.py``
+says how), and ``server_rss_growth`` is the largest.
 
 Run: ``python bench/soak.py [--minutes M] [--seed S] [--kill-every LOW,HIGH] [--keep DIR]``;
 the last line is JSON. With ``--keep`` the dataset, the logs of every process, the clients'
@@ -63,6 +66,14 @@ def _tree(pid: int) -> list[int]:
     except OSError:
         return []
     return [pid] + [p for child in children for p in _tree(child)]
+
+
+def _compaction(pid: int) -> bool:
+    """A process a compaction pass runs in: spawned by multiprocessing, as is its tracker."""
+    try:
+        return b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -133,7 +144,7 @@ class Child:
 class Server(Child):
     """``rlpipe serve``: started when it answers health; its RSS sampled per lifetime."""
 
-    def __init__(self, data: Path, port: int, log: Path) -> None:
+    def __init__(self, data: Path, port: int, log: Path, compact_every_s: float) -> None:
         argv = [
             sys.executable,
             "-m",
@@ -147,6 +158,8 @@ class Server(Child):
             str(port),
             "--sync",
             "always",
+            "--compact-every",
+            f"{compact_every_s:g}",
         ]
         super().__init__("server", argv, log)
         self.url = f"http://127.0.0.1:{port}"
@@ -174,7 +187,7 @@ class Server(Child):
     def sample(self) -> None:
         if self.lifetimes and not self.exited():
             assert self.process is not None
-            kb = _rss_kb(_tree(self.process.pid))
+            kb = _rss_kb([pid for pid in _tree(self.process.pid) if not _compaction(pid)])
             self.lifetimes[-1][1].append((time.monotonic() - self.zero, kb))
 
 
@@ -276,7 +289,7 @@ class Soak:
         self.data = work / "ds"
         logs = work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self.server = Server(self.data, _free_port(), logs / "server.log")
+        self.server = Server(self.data, _free_port(), logs / "server.log", kill_every[0] / 2)
         trainer = [
             sys.executable,
             "-m",

@@ -7,7 +7,10 @@ cleanly.
   write a kill cut short) and log segments still there after a clean stop are listed apart, as
   stray: readers skip them, but they should not be left.
 - The step table's keys ``(episode_id, agent_id, t)``, over every stored row: a key stored twice
-  is a duplicate; an acknowledged key not stored is a lost step.
+  is a duplicate; an acknowledged key not stored is a lost step. Stored rows are those of every
+  data file but the ones a commit removed: a compaction's merged files hold the rows of the
+  files it removed, which stay on disk until a vacuum, and no reader of the table reads them.
+  An orphan (a file no commit names) counts.
 - ``InputReader`` reads the whole step table, and must see every stored row.
 - ``rlpipe inspect DIR --json`` reports its own findings.
 """
@@ -47,7 +50,7 @@ def check(data: Path, ack_files: list[Path]) -> dict[str, Any]:
     """Every figure of the final check; lists of names under ``*_names``."""
     files = _files(data)
     seen = [p for p in files if not _stray(p, data)]  # what readers look at
-    stored, episodes, unreadable = _read_tables(seen)
+    stored, episodes, unreadable = _read_tables(seen, _removed(data))
     acked = _acks(ack_files)
     distinct = stored.group_by(KEYS).aggregate([("t", "count")])
     duplicated = int(pc.sum(pc.subtract(distinct["t_count"], 1)).as_py() or 0)
@@ -83,8 +86,21 @@ def _stray(path: Path, data: Path) -> bool:
     )
 
 
-def _read_tables(files: list[Path]) -> tuple[pa.Table, pa.Table, list[str]]:
-    """The step and episode shards' rows (readable shards only), and every unreadable file."""
+def _removed(data: Path) -> set[Path]:
+    """The data files a commit of their table removed (a compaction's)."""
+    from pipeline.dataset.location import locate
+    from pipeline.dataset.upkeep import removed_paths
+    from pipeline.format import layout
+
+    location = locate(data)
+    return {
+        data / table / path for table in layout.TABLES for path in removed_paths(location, table)
+    }
+
+
+def _read_tables(files: list[Path], removed: set[Path]) -> tuple[pa.Table, pa.Table, list[str]]:
+    """The step and episode shards' rows (readable shards a commit has not removed), and every
+    unreadable file."""
     from pipeline.policy.checkpoint import load_checkpoint
 
     tables: dict[str, list[pa.Table]] = {"steps": [], "episodes": []}
@@ -95,7 +111,8 @@ def _read_tables(files: list[Path]) -> tuple[pa.Table, pa.Table, list[str]]:
                 _read_log_file(path)
             elif path.suffix == ".parquet":
                 table = pq.read_table(path)  # every column of every row group, decoded
-                tables.setdefault(path.parents[1].name, []).append(table)  # steps/date=.../
+                if path not in removed:
+                    tables.setdefault(path.parents[1].name, []).append(table)  # steps/date=.../
             elif path.suffix == ".npz":
                 load_checkpoint(path)
             elif path.suffix == ".json":
