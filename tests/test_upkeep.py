@@ -20,9 +20,10 @@ from s3_fixtures import SECRET, Bucket
 
 from pipeline import DatasetWriter, InputReader, WriterConfig
 from pipeline.commands.cli import main
+from pipeline.dataset.delta import FileEntry, Table
 from pipeline.dataset.lease import UpkeepBusy
 from pipeline.dataset.location import Location, locate
-from pipeline.dataset.upkeep import compact_once, upkeep
+from pipeline.dataset.upkeep import _tiered, compact_once, upkeep
 from pipeline.errors import ConfigError
 from pipeline.format import layout
 
@@ -228,6 +229,39 @@ def test_compaction_passes_merge_a_writers_commits_as_they_come(tmp_path: Path) 
     assert not any("failed" in line for line in lines), lines
     assert any(line.startswith("compacted steps:") for line in lines)
     assert sum(keys(list(InputReader(location.uri))).values()) == 11 * 200
+
+
+def test_background_passes_leave_little_besides_the_live_files(tmp_path: Path) -> None:
+    """Passes of a long-running server (``tiered``) between bursts of commits rewrite a byte
+    about once per tier: merging every file under the target at every pass rewrote the growing
+    merged file each time, and the removed copies stay on storage until a vacuum (here: 3.2x
+    the live bytes on storage, against 6.9x; at 120 bursts and a 4 MB target, 4.1x against
+    55x)."""
+    location = locate(tmp_path / "ds")
+    for burst in range(40):
+        write_commits(location, 5, seed=burst)
+        upkeep(location, target_bytes=400_000, tiered=True)
+    live = Table(location, layout.STEPS).files()
+    stored = sum(path.stat().st_size for path in (tmp_path / "ds" / "steps").glob("date=*/*"))
+    assert stored / sum(entry.size for entry in live) < 3.5
+    assert len(live) < 40  # of the 200 shards
+    assert sum(keys(list(InputReader(location.uri))).values()) == 40 * 5 * 200
+
+
+def test_tiers_merge_crowds_fills_and_closed_partitions() -> None:
+    """The newest partition's shards are merged once MIN_FILES wait, its larger files once they
+    fill a file of the target; an older partition's files are merged at once."""
+
+    def files(date: str, *sizes: int) -> list[FileEntry]:
+        return [FileEntry(f"{date}/{n}", size, 0, 1, date) for n, size in enumerate(sizes)]
+
+    target = 100_000_000
+    assert _tiered(files("d2", *[100] * 49), target) == []
+    assert _tiered(files("d2", *[100] * 50), target) == [("d2", 1_000_000)]
+    assert _tiered(files("d2", *[10_000_000] * 9), target) == []
+    assert _tiered(files("d2", *[10_000_000] * 10), target) == [("d2", target)]
+    older = files("d1", 10_000_000, 10_000_000, 60_000_000) + files("d2", 10_000_000)
+    assert _tiered(older, target) == [("d1", target)]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find processes")
