@@ -55,8 +55,9 @@ PACE_S = {"remote": 0.001, "local": 0.0005, "vector": 0.002, "agents": 0.001}  #
 KILL_EVERY_S = (20.0, 60.0)
 
 
-def _tree(pid: int) -> list[int]:
-    """A process and its descendants, from Linux ``/proc`` (empty once it is gone)."""
+def process_tree(pid: int) -> list[int]:
+    """A process and its descendants, from Linux ``/proc`` (empty once it is gone; a child that
+    ends meanwhile is left out). The tests' ``server_fixtures`` use it too."""
     try:
         children = [
             int(child)
@@ -65,7 +66,7 @@ def _tree(pid: int) -> list[int]:
         ]
     except OSError:
         return []
-    return [pid] + [p for child in children for p in _tree(child)]
+    return [pid] + [p for child in children for p in process_tree(child)]
 
 
 def _compaction(pid: int) -> bool:
@@ -120,7 +121,7 @@ class Child:
     def kill(self) -> None:
         """``kill -9``, and wait until every process of its tree is gone."""
         assert self.process is not None
-        tree = _tree(self.process.pid)
+        tree = process_tree(self.process.pid)
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(30)
         deadline = time.monotonic() + 20
@@ -187,7 +188,7 @@ class Server(Child):
     def sample(self) -> None:
         if self.lifetimes and not self.exited():
             assert self.process is not None
-            kb = _rss_kb([pid for pid in _tree(self.process.pid) if not _compaction(pid)])
+            kb = _rss_kb([pid for pid in process_tree(self.process.pid) if not _compaction(pid)])
             self.lifetimes[-1][1].append((time.monotonic() - self.zero, kb))
 
 

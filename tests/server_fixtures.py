@@ -29,6 +29,9 @@ from server.config import ServerConfig
 from server.service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+# a pid and its descendants, as the soak finds the server's processes
+from soak import process_tree as process_tree  # noqa: E402
 
 
 @dataclass
@@ -135,24 +138,6 @@ def server_log(process: subprocess.Popen[bytes]) -> str:
         return ""
     log.seek(0)
     return log.read().decode(errors="replace")
-
-
-def process_family(pid: int) -> list[int]:
-    """``pid`` and its descendants, from /proc (a process that ends meanwhile is left out)."""
-    found, todo = [], [pid]
-    while todo:
-        pid = todo.pop()
-        try:
-            children = [
-                int(child)
-                for task in Path(f"/proc/{pid}/task").iterdir()
-                for child in (task / "children").read_text().split()
-            ]
-        except FileNotFoundError:
-            continue
-        found.append(pid)
-        todo += children
-    return found
 
 
 def kill(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:

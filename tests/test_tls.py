@@ -22,7 +22,7 @@ import pytest
 import requests
 import trustme
 from conftest import play_client
-from server_fixtures import cartpole_config, process_family, running_server
+from server_fixtures import cartpole_config, process_tree, running_server
 
 from pipeline.client import PolicyClient, Unauthorized
 from pipeline.commands.cli import main
@@ -200,7 +200,7 @@ def test_the_token_is_in_no_process_list(pki: Pki, tls_server: Served, tmp_path:
     from_variable = _serve(pki, tmp_path / "ds", env={"RLPIPE_TOKEN": TOKEN})
     try:
         for served in (tls_server, from_variable):
-            pids = process_family(served.server.pid)
+            pids = process_tree(served.server.pid)
             assert len(pids) == 2  # granian's supervisor and its one worker
             for pid in pids:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()

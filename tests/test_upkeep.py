@@ -272,7 +272,7 @@ def test_no_compactor_outlives_a_killed_server(tmp_path: Path) -> None:
     from server_fixtures import (
         free_port,
         kill,
-        process_family,
+        process_tree,
         server_log,
         start_serve_process,
     )
@@ -288,7 +288,7 @@ def test_no_compactor_outlives_a_killed_server(tmp_path: Path) -> None:
         while "compacted steps:" not in server_log(server) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert "compacted steps:" in server_log(server), server_log(server)[-2000:]
-        spawned = process_family(server.pid)
+        spawned = process_tree(server.pid)
     finally:
         kill(server)
     deadline = time.monotonic() + 30
