@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline.commands.storage_options import add_storage_options, storage_options
 from pipeline.errors import ConfigError
 
+COMPACT_EVERY_S = 600.0  # rlpipe serve --compact-every's default
+
 if TYPE_CHECKING:
     from server.config import ServerConfig
     from server.host import Tls
@@ -119,14 +121,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--compact-every",
         type=float,
-        default=600.0,
+        default=COMPACT_EVERY_S,
         metavar="SECONDS",
-        help="compact the dataset this often (default 600 s; 0: never), each pass in a process "
-        "of its own (rlpipe compact, with the tables' own retention). Every commit adds a "
-        "small file, and a commit costs more the more files the table holds (measured: 2.5 ms "
-        "of CPU at 200, 12.7 ms at 2,200): a server left without it slows down by the hour. "
-        "Safe with other servers writing and trainers following; of several servers, one "
-        "compacts at a time and the others skip",
+        help=f"compact the dataset this often (default {COMPACT_EVERY_S:g} s; 0: never), each "
+        "pass in a process of its own (rlpipe compact, with the tables' own retention). Every "
+        "commit adds a small file, and a commit costs more the more files the table holds "
+        "(measured: 2.5 ms of CPU at 200, 12.7 ms at 2,200): a server left without it slows "
+        "down by the hour. Safe with other servers writing and trainers following; of several "
+        "servers, one compacts at a time and the others skip",
     )
     parser.set_defaults(command_module=__name__)
 

@@ -178,8 +178,9 @@ def upkeep(
             table = Table(location, name)  # opened after the claim: any earlier pass is in it
             delta = table.open()
             if delta is not None:
-                merging = (target_bytes, tiered)
-                done.append(_upkeep_table(table, delta, retention_hours, vacuum, merging))
+                done.append(
+                    _upkeep_table(table, delta, retention_hours, vacuum, target_bytes, tiered)
+                )
     return done
 
 
@@ -188,13 +189,15 @@ def _upkeep_table(
     delta: DeltaTable,
     retention_hours: float,
     vacuum: bool,
-    merging: tuple[int | None, bool],
+    target_bytes: int | None,
+    tiered: bool,
 ) -> TableUpkeep:
     before = table.files()
     version_before = table.version
     name = table.name
-    properties = writer_properties(delta)
-    for date, size in _merges(before, *merging):  # the partition's files under ``size``
+    merges = _merges(before, target_bytes, tiered)
+    properties = writer_properties(delta) if merges else None
+    for date, size in merges:  # the partition's files under ``size``
         where = [(layout.PARTITION_KEY, "=", date)] if date else None
         compact = partial(delta.optimize.compact, where, size, writer_properties=properties)
         table.call(f"compacting {name}", compact)
@@ -231,11 +234,11 @@ def _merges(
     """(partition, size) for each merge: one of the whole table (``""``) under the target for
     a manual compaction, the tiers' for a background pass."""
     if tiered:
-        return list(_tiered(files, target_bytes or DEFAULT_TARGET_BYTES))
+        return _tiered(files, target_bytes or DEFAULT_TARGET_BYTES)
     return [("", target_bytes)] if len(files) > 1 else []
 
 
-def _tiered(files: list[FileEntry], target_bytes: int) -> list[tuple[str, int]]:
+def _tiered(files: list[FileEntry], target_bytes: int) -> list[tuple[str, int | None]]:
     """The merges of a background pass: (partition, size) for each tier of each partition
     whose files under half that size hold a whole file of it between them; in the newest
     partition, the smallest tier's also once MIN_FILES wait; in older ones, which take no new
@@ -248,11 +251,12 @@ def _tiered(files: list[FileEntry], target_bytes: int) -> list[tuple[str, int]]:
     between passes, 100 MB were rewritten 50 times over (25x the data), and the removed copies
     stay on storage until a vacuum, 7 days later. Here a file is rewritten when as much again
     has come to its tier, so a byte is written about once per tier."""
-    merges = []
+    merges: list[tuple[str, int | None]] = []
     dates = list(dict.fromkeys(entry.date for entry in files))
+    latest = max(dates, default="")
     for date in dates:
         sizes = [entry.size for entry in files if entry.date == date]
-        newest = date == max(dates)
+        newest = date == latest
         for tier in range(TIERS - 1, -1, -1):
             size = max(1, target_bytes // TIER_RATIO**tier)
             below = [s for s in sizes if s < size / 2]  # a file half full or more waits
