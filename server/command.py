@@ -108,7 +108,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1.0,
         metavar="SECONDS",
         help="commit a shard at least this often (default 1 s): a trainer following the dataset "
-        "sees steps this late at most; longer ages make fewer, larger files",
+        "sees steps this late at most; longer ages make fewer, larger files (episode summaries "
+        "commit at most once a second)",
     )
     parser.add_argument(
         "--policy-poll",

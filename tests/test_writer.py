@@ -6,6 +6,7 @@ import contextlib
 import re
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from pipeline import (
     WriterConfig,
     read_manifest,
 )
+from pipeline.dataset.writer_config import EPISODES_MIN_AGE_S
 from pipeline.format.layout import DEFAULT_AGENT_ID
 from pipeline.format.schema import rows_to_columns
 
@@ -159,6 +161,31 @@ def test_age_counts_from_the_tables_previous_roll(tmp_path: Path) -> None:
         waited = time.monotonic() - appended
     assert writer.shards_committed == 2
     assert waited < 1.5  # at the next tick (0.25 s), not 2 s after its first row
+
+
+def test_episode_summaries_roll_at_most_once_a_second(tmp_path: Path) -> None:
+    """With max_age_s of 50 ms the steps table commits every 50 ms, the episodes table (read by
+    inspection, not by a following trainer) at most once a second; a flush commits both."""
+    rows = cartpole_rollout(10)
+    started = datetime(2026, 11, 26, tzinfo=UTC)
+    summary = {"episode_id": "e", "agent_id": DEFAULT_AGENT_ID, "client_id": "",
+               "started_at": started, "ended_at": started, "length": 10, "return": 10.0,
+               "end_reason": "terminated"}  # fmt: skip
+    config = WriterConfig(max_age_s=0.05)
+    with DatasetWriter(tmp_path, *cartpole_spaces(), config=config) as writer:
+        began = time.monotonic()
+        for number in range(12):
+            writer.append(rows)
+            writer.append_episodes(rows_to_columns([{**summary, "episode_id": f"e{number}"}]))
+            time.sleep(0.06)
+        elapsed = time.monotonic() - began
+        steps_log = list(tmp_path.glob("steps/_delta_log/*.json"))
+        episodes_log = list(tmp_path.glob("episodes/_delta_log/*.json"))
+        assert len(steps_log) >= 6
+        assert len(episodes_log) <= elapsed / EPISODES_MIN_AGE_S + 1
+        writer.flush()
+    assert len(_read_all(tmp_path, columns=["t"])) == 120
+    assert len(pq.ParquetDataset(tmp_path / "episodes").read()) == 12
 
 
 def test_a_flush_racing_the_age_roll_still_waits_for_the_commit(tmp_path: Path) -> None:

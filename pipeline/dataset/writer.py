@@ -385,7 +385,7 @@ class DatasetWriter:
                     if background and segment is not None and not segment.broken:
                         segment.sync(segment.written)  # a failure breaks it: rolled next tick
                     if not self._pending.full():  # shards refused by a full disk wait in line
-                        self._roll(table, self.config.max_age_s)
+                        self._roll(table, self.config.roll_age(table.name))
                 except OSError as error:
                     self.disk.refused(storage.APPENDS, error, self._wal_dir)
                 except BaseException as error:
