@@ -168,9 +168,16 @@ def test_episode_summaries_roll_at_most_once_a_second(tmp_path: Path) -> None:
     inspection, not by a following trainer) at most once a second; a flush commits both."""
     rows = cartpole_rollout(10)
     started = datetime(2026, 11, 26, tzinfo=UTC)
-    summary = {"episode_id": "e", "agent_id": DEFAULT_AGENT_ID, "client_id": "",
-               "started_at": started, "ended_at": started, "length": 10, "return": 10.0,
-               "end_reason": "terminated"}  # fmt: skip
+    summary = {
+        "episode_id": "e",
+        "agent_id": DEFAULT_AGENT_ID,
+        "client_id": "",
+        "started_at": started,
+        "ended_at": started,
+        "length": 10,
+        "return": 10.0,
+        "end_reason": "terminated",
+    }
     config = WriterConfig(max_age_s=0.05)
     with DatasetWriter(tmp_path, *cartpole_spaces(), config=config) as writer:
         began = time.monotonic()
