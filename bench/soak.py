@@ -14,8 +14,10 @@ Running together, each its own process:
 
 Every 20-60 s (times M/10 for runs shorter than 10 minutes, never below a quarter, so a short
 run still kills several times) the server or the trainer, picked at random, gets ``kill -9`` and
-is started again at once on the same port and dataset. At the end the clients stop cleanly, the
-server gets SIGTERM, and ``bench/soak_check.py`` reads every file of the dataset.
+is started again at once on the same port and dataset. The M minutes are of load: the time
+those restarts take is added, so a loaded machine still gets its kills. At the end the clients
+stop cleanly, the server gets SIGTERM, and ``bench/soak_check.py`` reads every file of the
+dataset.
 
 The server's memory is the RSS of its process tree (granian's supervisor and worker, not the
 processes that compaction passes come and go in), from ``/proc``, sampled every second. Kills
@@ -330,17 +332,22 @@ class Soak:
         return clients
 
     def _load(self, clients: Clients) -> None:
-        """The soak proper: kills on schedule, revivals, and the server's RSS every second."""
+        """The soak proper: kills on schedule, revivals, and the server's RSS every second.
+        Time spent starting a killed process again is not load time: on a loaded machine a
+        restart takes seconds, and a short run would end with fewer kills than it drew."""
         began = time.monotonic()
         end = began + self.minutes * 60
         next_kill = began + self._interval()
         sampled = 0.0
         while time.monotonic() < end:
-            if time.monotonic() >= next_kill:
-                next_kill = time.monotonic() + self._interval()
+            paused = time.monotonic()
+            if paused >= next_kill:
                 victim = self.rng.choice(self.targets)
-                self._kill(self.server if victim == "server" else self.trainer)
+                self._kill(self.server if victim == "server" else self.trainer)  # and restart
             self._revive()
+            end += time.monotonic() - paused  # the restarts', if any (the rest is microseconds)
+            if paused >= next_kill:
+                next_kill = time.monotonic() + self._interval()
             self.counts["client_exits"] += clients.replace_dead()
             if time.monotonic() - sampled >= 1.0:
                 sampled = time.monotonic()

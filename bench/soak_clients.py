@@ -39,7 +39,7 @@ import gymnasium as gym
 import numpy as np
 
 from pipeline.client import PolicyClient, VectorEpisodes
-from pipeline.errors import RlpipeError
+from pipeline.errors import RlpipeError, ServerUnavailable
 from pipeline.format.layout import DEFAULT_AGENT_ID as AGENT
 
 STOP = {"now": False}
@@ -163,7 +163,7 @@ def run_remote(url: str, ledger: Ledger, seed: int, pace: float, agents: bool) -
 def run_local(url: str, ledger: Ledger, seed: int, pace: float) -> dict[str, Any]:
     """Local inference: rows are acknowledged at flush points and by ``close()``."""
     spool = Path(tempfile.mkdtemp(prefix="soak-spool-"))
-    client = PolicyClient(url, inference_mode="local", spool_dir=spool, seed=seed)
+    client = _local_client(url, ledger, spool, seed)
     completed: list[tuple[str, str, int]] = []  # rows not yet known to be on the server
     flushed, episode, flushes = time.monotonic(), 0, Counter[str]()
     while not STOP["now"]:
@@ -173,7 +173,7 @@ def run_local(url: str, ledger: Ledger, seed: int, pace: float) -> dict[str, Any
         except RlpipeError as error:  # a delivery failed for good: a new client takes the spool
             ledger.error(error)
             client.close(5)
-            client = PolicyClient(url, inference_mode="local", spool_dir=spool, seed=seed)
+            client = _local_client(url, ledger, spool, seed)
         if time.monotonic() - flushed >= FLUSH_EVERY_S:
             flushed = time.monotonic()
             if client.flush(0.5):
@@ -183,6 +183,17 @@ def run_local(url: str, ledger: Ledger, seed: int, pace: float) -> dict[str, Any
     if delivered:
         _ack_all(ledger, completed)
     return {"undelivered": len(completed), "flushes": dict(flushes), "closed": delivered}
+
+
+def _local_client(url: str, ledger: Ledger, spool: Path, seed: int) -> PolicyClient:
+    """A local-inference client, made once the server answers: making one reads the spaces and
+    weights from the server, and a simulator (re)started while the server restarts waits for it,
+    as a supervisor would start it again, rather than exiting."""
+    while True:
+        try:
+            return PolicyClient(url, inference_mode="local", spool_dir=spool, seed=seed)
+        except ServerUnavailable as error:
+            ledger.error(error)
 
 
 def _ack_all(ledger: Ledger, keys: list[tuple[str, str, int]]) -> None:
