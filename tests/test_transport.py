@@ -186,3 +186,15 @@ def test_a_token_that_cannot_be_a_header_is_refused_without_echoing_it() -> None
     assert str(caught.value) == (
         "PolicyClient.token: expected a token without line breaks, got '<hidden>'"
     )
+
+
+def test_a_large_body_arrives_whole_and_a_header_with_a_line_break_sends_nothing() -> None:
+    body = bytes(range(256)) * 1024  # 256 KiB: written after the head, not joined to it
+    with _server() as (url, seen):
+        http = Http(url, None, 5.0, None)
+        assert http.call("POST", "/v1/uploads", data=body).json() == {"a": True}
+        with pytest.raises(ValueError, match="control byte"):
+            http.call("POST", "/v1/uploads", data=b"x", headers={"X-Rlpipe-Table": "a\r\nB: c"})
+        http.call("GET", "/length")
+    assert seen.bodies == [body, b""]
+    assert seen.paths == ["/v1/uploads", "/length"]

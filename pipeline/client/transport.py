@@ -6,17 +6,14 @@ Importing this imports neither torch nor Flask.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import http.client
 import json as _json
 import os
-import socket
 import ssl
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -24,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 import requests
 
+from pipeline.client.connection import BadAnswer, Connection, Disconnected, Reply
 from pipeline.errors import (
     ConfigError,
     EpisodeError,
@@ -60,28 +58,11 @@ def base_url(address: str) -> str:
     return text if "://" in text else f"http://{text}"
 
 
-class Reply:
-    """An answer: the parts of ``requests.Response`` the client reads, whichever sent it."""
-
-    def __init__(self, status_code: int, headers: Any, content: bytes, reason: str) -> None:
-        self.status_code = status_code
-        self.headers = headers  # case-insensitive either way (HTTPMessage, CaseInsensitiveDict)
-        self.content = content
-        self.reason = reason
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
-
-    def json(self) -> Any:
-        return _json.loads(self.content)
-
-
 # what a request on a keep-alive connection the server has closed meets (TLS has its own)
 _CLOSED = (
     ConnectionResetError,
     BrokenPipeError,
-    http.client.RemoteDisconnected,
+    Disconnected,
     ssl.SSLEOFError,
     ssl.SSLZeroReturnError,
 )
@@ -95,12 +76,12 @@ class Http:
     """Requests with a timeout each, retried while the server does not answer, 503 Retry-After
     honoured, and typed errors.
 
-    Without a ``session`` each thread keeps one keep-alive :class:`http.client.HTTPConnection`,
-    which frames and parses the answers and sets TCP_NODELAY. A step of remote inference is one
-    small request, on machines where the simulator shares the CPU: ``requests`` spends
-    0.3-0.5 ms of CPU on each (more than the server's work) and a ``urllib3`` pool, measured
-    here, about 0.1 ms more than this. With a ``session`` (proxies, certificates, adapters)
-    every request goes through it.
+    Without a ``session`` each thread keeps one keep-alive
+    :class:`~pipeline.client.connection.Connection`. A step of remote inference is one small
+    request, on machines where the simulator shares the CPU: ``requests`` spends 0.3-0.5 ms of
+    CPU on each (more than the server's work), a ``urllib3`` pool about 0.3 ms, ``http.client``
+    about 0.2 ms and pycurl 0.1 ms, against 0.05 ms here. With a ``session`` (proxies,
+    certificates, adapters) every request goes through it.
 
     An ``https://`` address is served over TLS with the certificate verified against
     ``verify`` (see :data:`Verify`); a certificate that does not verify is a
@@ -126,18 +107,20 @@ class Http:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         parts = urlsplit(self.url)
         self._verify = _session_verify(verify, session)
-        kind: type[http.client.HTTPConnection] = http.client.HTTPConnection
-        options: dict[str, Any] = {"timeout": timeout}
+        tls = None
         if parts.scheme == "https":
-            kind = http.client.HTTPSConnection
-            options["context"] = _tls_context(verify) if session is None else None
+            tls = _tls_context(verify) if session is None else None
         elif verify is not True:  # a CA given for plain HTTP: the token would go in clear
             wanted = "an https:// address, as verify names how to check its certificate"
             raise ConfigError("PolicyClient", "address", wanted, self.url)
-        self._new = functools.partial(kind, parts.hostname or "localhost", parts.port, **options)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        authority = parts.netloc.rpartition("@")[2]
+        self._new = functools.partial(
+            Connection, parts.hostname or "localhost", port, authority, timeout, tls
+        )
         self._prefix = parts.path.rstrip("/")
         self._local = threading.local()
-        self._open: set[http.client.HTTPConnection] = set()  # every thread's, to close them all
+        self._open: set[Connection] = set()  # every thread's, to close them all
         weakref.finalize(self, _close_all, self._open)
 
     def close(self) -> None:
@@ -197,61 +180,23 @@ class Http:
         connection = self._connection()
         reused = connection.sock is not None
         try:
-            return _exchange(connection, method, self._prefix + path, body, headers)
+            return connection.exchange(method, self._prefix + path, body, headers)
         except _CLOSED as error:
             if not reused:  # a fresh connection failed: the server is not there
                 raise _NoAnswer(str(error) or type(error).__name__) from None
-        except (OSError, http.client.HTTPException) as error:
+        except (OSError, BadAnswer) as error:
             raise _failure(self.url, error) from None
         try:  # the server closed an idle keep-alive connection: once more, on a new one
-            return _exchange(connection, method, self._prefix + path, body, headers)
-        except (OSError, http.client.HTTPException) as error:
+            return connection.exchange(method, self._prefix + path, body, headers)
+        except (OSError, BadAnswer) as error:
             raise _failure(self.url, error) from None
 
-    def _connection(self) -> http.client.HTTPConnection:
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+    def _connection(self) -> Connection:
+        connection: Connection | None = getattr(self._local, "connection", None)
         if connection is None:
             connection = self._local.connection = self._new()
         self._open.add(connection)  # again after close(): it reconnects on its next request
         return connection
-
-
-def _exchange(
-    connection: http.client.HTTPConnection,
-    method: str,
-    target: str,
-    body: bytes | None,
-    headers: dict[str, str],
-) -> Reply:
-    """One request and its whole answer; http.client reconnects a closed connection. It writes
-    the head and the body apart, each a segment that wakes the server (Nagle is off); corked
-    (Linux) they leave as one: 2-3 us less CPU per step each side for 8x16 vector clients."""
-    try:
-        if body is not None and _CORK is not None:
-            if connection.sock is None:
-                connection.connect()
-            with _corked(connection.sock, _CORK):
-                connection.request(method, target, body, headers)
-        else:
-            connection.request(method, target, body, headers)
-        answer = connection.getresponse()
-        return Reply(answer.status, answer.headers, answer.read(), answer.reason)
-    except BaseException:
-        connection.close()  # half an exchange leaves the connection out of step
-        raise
-
-
-_CORK = getattr(socket, "TCP_CORK", None)  # Linux's
-
-
-@contextlib.contextmanager
-def _corked(sock: socket.socket, cork: int) -> Iterator[None]:
-    """Hold what is written to ``sock`` until the block ends, then send it as one segment."""
-    sock.setsockopt(socket.IPPROTO_TCP, cork, 1)
-    try:
-        yield
-    finally:
-        sock.setsockopt(socket.IPPROTO_TCP, cork, 0)
 
 
 def _tls_context(verify: Verify) -> ssl.SSLContext:
@@ -298,15 +243,10 @@ def _failure(url: str, error: BaseException) -> Exception:
             )
         if isinstance(cause, ssl.SSLError) and cause.reason == "WRONG_VERSION_NUMBER":
             return ServerError(None, f"{url}: the server does not speak TLS; use http://")
-        if isinstance(cause, http.client.BadStatusLine) and _tls_alert(cause):
+        if isinstance(cause, BadAnswer) and cause.start.startswith(b"\x15\x03"):
+            # a TLS alert record (type 21, version 3.x): a TLS server's answer to plain HTTP
             return ServerError(None, f"{url}: the server speaks TLS only; use https://")
     return _NoAnswer(str(error) or type(error).__name__)
-
-
-def _tls_alert(error: http.client.BadStatusLine) -> bool:
-    """The "status line" is a TLS alert record (type 21, version 3.x): what a TLS server
-    answers a request in plain HTTP."""
-    return str(getattr(error, "line", "")).startswith("\x15\x03")
 
 
 def _causes(error: BaseException) -> list[BaseException]:
@@ -323,7 +263,7 @@ def _causes(error: BaseException) -> list[BaseException]:
     return found
 
 
-def _close_all(connections: set[http.client.HTTPConnection]) -> None:
+def _close_all(connections: set[Connection]) -> None:
     for connection in list(connections):
         connections.discard(connection)
         connection.close()
