@@ -10,6 +10,7 @@ guards, error bodies and metrics; anything else (other methods, other paths, req
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
@@ -65,7 +66,7 @@ class FastPath:
         if status >= 400:
             self.service.stats.refused(status, route, answer)
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
+        start_response(_status_line(status), headers)
         return [body]
 
     def _incoming(self, environ: dict[str, Any], episode_id: str) -> handlers.Incoming:
@@ -83,3 +84,10 @@ class FastPath:
             header,
             episode_id,
         )
+
+
+@functools.cache
+def _status_line(status: int) -> str:
+    """``"200 OK"``: HTTPStatus(status) is an Enum lookup, 1.6% of the server's Python time
+    under 8x16 vector clients."""
+    return f"{status} {HTTPStatus(status).phrase}"
