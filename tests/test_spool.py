@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,10 @@ class _Waiting:
     def add(self, table: str, rows: list[dict[str, Any]]) -> None:
         self.tables[table] += rows
 
-    def drain(self) -> list[tuple[str, pa.RecordBatch]]:
+    def due_in(self) -> float:
+        return 0.0 if self.ready else math.inf
+
+    def drain(self, everything: bool) -> list[tuple[str, pa.RecordBatch]]:
         tables, self.tables = self.tables, {"steps": [], "episodes": []}
         return [(name, _build(name, rows)) for name, rows in tables.items() if rows]
 
@@ -131,6 +136,87 @@ def test_rows_a_batch_cannot_be_built_from_stay_and_close_says_so(tmp_path: Path
     assert rows.ready == 1  # kept, not dropped
     assert not uploader.close(0.5)
     assert delivered == [] and not list(tmp_path.glob("*.arrows"))
+
+
+def test_a_build_that_fails_in_the_simulators_thread_reaches_it_at_its_next_call(
+    tmp_path: Path,
+) -> None:
+    """The simulator's thread builds (ready_rows=1 here) and must not raise for rows of calls
+    it already returned from; the upload thread tries the build again, and its failure is
+    what PolicyClient raises at the simulator's next call, with no flush asked for."""
+    rows = RowBuffer(
+        gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2), 1, lambda: None
+    )
+    uploader = Uploader("c1", rows, lambda *_: None, Spool(tmp_path), interval_s=0.05)
+    observation = np.zeros(2, np.float32)
+    row = ("e", 0, 0, observation, 1, 0.0, observation, True, False, None, None, True, None, "c")
+    rows.add(Completion(rows=[row], advancing=[AgentState()]))  # built here, and failed
+    deadline = time.monotonic() + 5
+    while uploader.failure is None and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+    assert "agent_id" in str(uploader.failure) and rows.ready == 1
+    assert not uploader.close(0.5)
+
+
+def _step_rows(rows: RowBuffer, first: int, count: int) -> None:
+    """Add ``count`` complete step rows of episode "e" (``t`` from ``first``) to ``rows``."""
+    observation = np.zeros(2, np.float32)
+    for t in range(first, first + count):
+        row = ("e", "a", t, observation, 1, 0.0, observation, False, False)
+        row += (None, None, True, None, "c")
+        rows.add(Completion(rows=[row], advancing=[AgentState()]))
+
+
+def _ts(batches: list[tuple[str, pa.RecordBatch]]) -> list[int]:
+    return [t for _, batch in batches for t in batch.column("t").to_pylist()]
+
+
+def test_the_thread_that_adds_rows_builds_them_once_enough_wait_or_the_oldest_is_due() -> None:
+    """The simulator's thread builds its rows into batches (a build from the upload thread cost
+    the GIL hand-overs RowBuffer's docstring tells of); the upload thread's cycle takes the
+    batches built, and builds rows itself only once the oldest is due: a simulator gone quiet."""
+    woken: list[threading.Thread] = []
+    space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    wake = lambda: woken.append(threading.current_thread())  # noqa: E731
+    rows = RowBuffer(space, gym.spaces.Discrete(2), 3, wake, build_after_s=0.3)
+    _step_rows(rows, 0, 2)
+    assert rows.drain(everything=False) == [] and rows.ready == 2 and not woken
+    assert 0 < rows.due_in() <= 0.3
+    _step_rows(rows, 2, 1)  # three wait: built here, and the upload thread woken
+    assert woken == [threading.current_thread()]
+    assert _ts(rows.drain(everything=False)) == [0, 1, 2] and rows.ready == 0
+    assert rows.due_in() == math.inf
+    _step_rows(rows, 3, 1)
+    assert rows.drain(everything=False) == []
+    threading.Event().wait(0.35)  # nobody calls: the upload thread builds the row, now due
+    assert rows.due_in() <= 0 and _ts(rows.drain(everything=False)) == [3]
+    _step_rows(rows, 4, 1)
+    assert _ts(rows.drain(everything=True)) == [4]  # a flush takes everything at once
+
+
+def test_a_quiet_simulators_last_rows_leave_about_an_interval_after_they_came(
+    tmp_path: Path,
+) -> None:
+    """The upload thread sleeps until the oldest row is due, not a whole interval after it
+    last looked: a row waits in memory about ``interval_s``, never two."""
+    sent: list[float] = []
+
+    def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
+        sent.append(time.monotonic())
+        return None
+
+    space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    rows = RowBuffer(space, gym.spaces.Discrete(2), 1000, lambda: None, build_after_s=0.4)
+    uploader = Uploader("c1", rows, send, Spool(tmp_path), interval_s=0.4)
+    threading.Event().wait(0.05)  # the upload thread looks next 0.35 s after the row comes
+    came = time.monotonic()
+    _step_rows(rows, 0, 1)
+    deadline = came + 5
+    while not sent and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+    assert sent and sent[0] - came < 0.6  # due at 0.4 s, taken at 0.42 s; not at 0.75 s, when
+    # the thread would look again had it slept whole intervals
+    assert uploader.close(5)
 
 
 def _stored_once(sent: list[tuple[str, int, bytes]]) -> list[int]:

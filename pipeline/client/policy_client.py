@@ -283,7 +283,9 @@ class PolicyClient:
         spool = Spool(spool_dir)
         self.spool_dir = spool.directory
         observation_space, action_space, env_id = self._space()
-        rows = RowBuffer(observation_space, action_space, upload_rows, self._wake)
+        rows = RowBuffer(
+            observation_space, action_space, upload_rows, self._wake, upload_interval_s
+        )
         self._inference = self._local = LocalInference(
             observation_space,
             action_space,

@@ -55,12 +55,16 @@ Send = Callable[[str, int, str, bytes], float | None]
 
 
 class Rows(Protocol):
-    """Where complete rows wait: how many, and the batches of them (taken once built)."""
+    """Where complete rows wait: how many, the batches of them (taken once built), and the
+    seconds until the oldest is due. ``drain(everything=False)``, the upload thread's cycle,
+    leaves rows that are not yet due to their owner, which builds them in its own thread."""
 
     @property
     def ready(self) -> int: ...
 
-    def drain(self) -> list[tuple[str, pa.RecordBatch]]: ...
+    def drain(self, everything: bool) -> list[tuple[str, pa.RecordBatch]]: ...
+
+    def due_in(self) -> float: ...
 
 
 def to_ipc(rows: pa.RecordBatch | pa.Table) -> bytes:
@@ -138,6 +142,7 @@ class Uploader:
         self._busy = False
         self._seq = itertools.count()
         self._not_before = 0.0
+        self._flushing = False
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rlpipe-upload")
         self._thread.start()
@@ -150,15 +155,19 @@ class Uploader:
         """Try to deliver everything now; True when nothing is left in memory or on disk."""
         deadline = time.monotonic() + timeout_s
         self._not_before = 0.0
-        while time.monotonic() < deadline and self.failure is None:
-            self._wake.set()
-            with self._lock:
-                self._idle.wait_for(lambda: not self._busy, timeout=0.05)
-                empty = not self._busy and not self._rows.ready
-            if empty and not self._spool.pending():
-                return True
-            time.sleep(0.02)
-        return False
+        self._flushing = True
+        try:
+            while time.monotonic() < deadline and self.failure is None:
+                self._wake.set()
+                with self._lock:
+                    self._idle.wait_for(lambda: not self._busy, timeout=0.05)
+                    empty = not self._busy and not self._rows.ready
+                if empty and not self._spool.pending():
+                    return True
+                time.sleep(0.02)
+            return False
+        finally:
+            self._flushing = False
 
     def close(self, timeout_s: float) -> bool:
         delivered = self.flush(timeout_s)
@@ -166,7 +175,8 @@ class Uploader:
         self._wake.set()
         self._thread.join()
         try:
-            self._put(self._number())  # what is still in memory goes to disk, for a later client
+            # what is still in memory goes to disk, for a later client
+            self._put(self._number(everything=True))
         except Exception as error:  # rows that cannot be built stay unsent: say so
             self.failure = self.failure or error
             _log.error("steps kept in memory could not be spooled: %s", error)
@@ -175,7 +185,10 @@ class Uploader:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self._interval)
+            # woken by the rows' owner once it built a batch; else once the oldest row is due
+            # (and a little after: an owner still calling builds it itself)
+            due = max(0.0, self._rows.due_in()) + self._interval / 20
+            self._wake.wait(min(self._interval, due))
             self._wake.clear()
             with self._lock:
                 self._busy = True
@@ -192,7 +205,7 @@ class Uploader:
                     self._idle.notify_all()
 
     def _cycle(self) -> None:
-        fresh = self._number()
+        fresh = self._number(everything=self._flushing)
         if time.monotonic() < self._not_before or self._spool.pending():
             self._put(fresh)  # behind what already waits, and not before the server is ready
             fresh = []
@@ -245,12 +258,12 @@ class Uploader:
             self._spool.put(client_id, number, table, to_ipc(half))
         self._wake.set()  # the halves go out in the next cycle, not an interval later
 
-    def _number(self) -> list[tuple[int, str, bytes]]:
+    def _number(self, everything: bool) -> list[tuple[int, str, bytes]]:
         """Turn waiting rows into numbered batches: a batch keeps its number for life, whether
         it is sent from memory now or from the spool by a later client instance."""
         return [
             (next(self._seq), table, to_ipc(part))
-            for table, batch in self._rows.drain()
+            for table, batch in self._rows.drain(everything)
             for part in bounded(batch)
         ]
 

@@ -21,7 +21,7 @@ from pipeline.format import layout
 _log = logging.getLogger("rlpipe.recorder")
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """A step whose action is known and whose next observation is not."""
 
@@ -31,7 +31,7 @@ class Pending:
     policy_version: int | None
 
 
-@dataclass
+@dataclass(slots=True)
 class AgentState:
     """One agent of an open episode: its next ``t``, its pending step and what it has earned."""
 
@@ -53,7 +53,7 @@ class AgentState:
         self.terminated = self.terminated or terminated
 
 
-@dataclass
+@dataclass(slots=True)
 class Episode:
     """An open episode: its agents, what its summary records, and what the server needs to
     recognise a retried request."""

@@ -50,7 +50,7 @@ STEP_COLUMNS = schema.STEP_COLUMNS[:-1]  # the rows made here; the writer stamps
 _EPISODE_ID, _AGENT_ID, _REWARD, _TERMINATED = 0, 1, 5, 7  # positions in STEP_COLUMNS
 
 
-@dataclass
+@dataclass(slots=True)
 class Steps:
     """Observations of one or more calls, a row per (episode, agent) observed: arrays in.
 
@@ -86,7 +86,7 @@ class Steps:
         return self._rows[i]
 
 
-@dataclass
+@dataclass(slots=True)
 class Completion:
     """What :func:`complete` works out: the rows to write, and how to advance the agents."""
 
