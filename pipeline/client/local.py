@@ -102,17 +102,16 @@ class RowBuffer:
                 finally:
                     self._lock.acquire()
                 self._taken.wait(0.1)
-            now = time.monotonic()
-            self._since = min(self._since, now)
+            self._since = min(self._since, time.monotonic())
             self._steps += done.rows
             self._summaries += done.summaries
-            due = len(self._steps) >= self.wake_rows or now - self._since >= self._build_after
+            due = len(self._steps) >= self.wake_rows or self.due_in() <= 0
         if due and self._stuck is None:
             with contextlib.suppress(Exception):  # kept in _stuck, raised by the next drain
                 self._build()
             self._on_ready()
 
-    def drain(self, everything: bool = True) -> list[tuple[str, pa.RecordBatch]]:
+    def drain(self, everything: bool) -> list[tuple[str, pa.RecordBatch]]:
         """The waiting rows as batches of at most ``batch_rows`` steps, steps first (an
         episode's summary follows its steps): all of them, or (``everything=False``) those
         built, and the rest once the oldest has waited ``build_after_s`` (a simulator that calls
