@@ -8,10 +8,11 @@ another.
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -235,9 +236,9 @@ def _space_column(space: gym.Space[Any], values: Any, name: str) -> pa.Array:
 
 def _plain_column(field: pa.Field, values: Any, default: Any) -> pa.Array:
     """Convert one fixed-type column, naming the first bad row."""
-    if isinstance(values, list):
+    if isinstance(values, list) and any(_each_is(values, _ABSENT)):
         absent = [i for i, v in enumerate(values) if v is _ABSENT]
-        if absent and default is _ABSENT:
+        if default is _ABSENT:
             raise SchemaError.single(field.name, "a value for every row", "<missing>", absent[0])
         values = [default if v is _ABSENT else v for v in values]
     convert = _CONVERTERS.get(field.name, _convert_generic)
@@ -245,6 +246,12 @@ def _plain_column(field: pa.Field, values: Any, default: Any) -> pa.Array:
     if not field.nullable and array.null_count:
         _refuse(field.name, array.is_null(), f"{field.type} (not null)", lambda _: "null")
     return array
+
+
+def _each_is(values: list[Any], value: Any) -> Iterator[bool]:
+    """Whether each of ``values`` is ``value``, tested in C (a Python loop over a batch's rows
+    cost more than building its column)."""
+    return map(operator.is_, values, itertools.repeat(value))
 
 
 def _refuse(name: str, bad: pa.Array, expected: str, got: Callable[[int], str]) -> None:
@@ -296,6 +303,8 @@ def _convert_json(field: pa.Field, values: Any) -> pa.Array:
         return values
     if isinstance(values, pa.Array):
         values = values.to_pylist()
+    if all(_each_is(values, None)):  # most steps carry no info
+        return pa.nulls(len(values), pa.string())
     texts = [_json_text(field.name, value, row) for row, value in enumerate(values)]
     try:
         return pa.array(texts, type=pa.string())
