@@ -92,20 +92,25 @@ class RowBuffer:
     def add(self, done: Completion) -> None:
         """Keep a call's rows; first wait (waking the upload thread) while the buffer is full.
         Once enough wait, build them (a failed build keeps them: :meth:`drain` raises it)."""
-        if not done.rows and not done.summaries:
+        rows, summaries = done.rows, done.summaries
+        if not rows and not summaries:
             return
         with self._lock:
-            while len(self._steps) + self._built_rows >= self.max_rows and self._stuck is None:
+            steps = self._steps
+            while len(steps) + self._built_rows >= self.max_rows and self._stuck is None:
                 self._lock.release()
                 try:
                     self._on_ready()
                 finally:
                     self._lock.acquire()
                 self._taken.wait(0.1)
-            self._since = min(self._since, time.monotonic())
-            self._steps += done.rows
-            self._summaries += done.summaries
-            due = len(self._steps) >= self.wake_rows or self.due_in() <= 0
+            now = time.monotonic()
+            if self._since > now:  # none waited
+                self._since = now
+            steps += rows
+            if summaries:
+                self._summaries += summaries
+            due = len(steps) >= self.wake_rows or now >= self._since + self._build_after
         if due and self._stuck is None:
             with contextlib.suppress(Exception):  # kept in _stuck, raised by the next drain
                 self._build()
@@ -268,14 +273,8 @@ class LocalInference:
             agent_ids, values, names = [_AGENT], [observation], _OBSERVATION
         batch = batches.checked(self.observation_space, values, names)
         n = len(agent_ids)
-        return Steps(
-            [episode] * n,
-            agent_ids,
-            batch,
-            [0.0] * n,
-            ends={} if end is None else {episode.episode_id: end},
-            touched=[episode],
-        )
+        ends = recorder.NOTHING if end is None else {episode.episode_id: end}
+        return Steps([episode] * n, agent_ids, batch, [0.0] * n, ends=ends, touched=(episode,))
 
     def _actions(self, steps: Steps, acting: list[int]) -> tuple[list[Any], list[Any], Any]:
         """Logged actions as given; else the policy's (or uniform ones, before any policy)."""

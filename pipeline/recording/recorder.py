@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Set
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence, Set
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -46,11 +46,12 @@ from pipeline.recording.episode import (
 )
 
 TERMINATED, TRUNCATED, CLOSED = "terminated", "truncated", "closed"
+NOTHING: Mapping[str, Any] = MappingProxyType({})  # no ends, no returns: shared, read-only
+_UNSEEN = AgentState()  # an agent not yet observed, as complete() reads it (never changed)
 STEP_COLUMNS = schema.STEP_COLUMNS[:-1]  # the rows made here; the writer stamps logged_at
 _EPISODE_ID, _AGENT_ID, _REWARD, _TERMINATED = 0, 1, 5, 7  # positions in STEP_COLUMNS
 
 
-@dataclass(slots=True)
 class Steps:
     """Observations of one or more calls, a row per (episode, agent) observed: arrays in.
 
@@ -62,19 +63,42 @@ class Steps:
     policy's. ``returns`` are what rides on a call for agents it does not observe (a multi-agent
     request's rewards, infos and done flags), by episode id. ``touched`` lists every episode of
     the calls, those that observe no agent included (an end with no observations).
+
+    A plain class, not a dataclass: a simulator makes one a step, and the default factories
+    cost more than the rest of it.
     """
 
-    episodes: list[Episode]
-    agent_ids: list[str]
-    observations: Any
-    rewards: list[float]
-    infos: list[Any] | None = None
-    ends: dict[str, str] = field(default_factory=dict)
-    dones: list[bool] | None = None
-    actions: list[Any] | None = None
-    returns: dict[str, Returns] = field(default_factory=dict)
-    touched: list[Episode] = field(default_factory=list)
-    _rows: list[Any] | None = field(default=None, repr=False)
+    __slots__ = (
+        "_rows",
+        "actions",
+        "agent_ids",
+        "dones",
+        "ends",
+        "episodes",
+        "infos",
+        "observations",
+        "returns",
+        "rewards",
+        "touched",
+    )
+
+    def __init__(
+        self,
+        episodes: list[Episode],
+        agent_ids: list[str],
+        observations: Any,
+        rewards: list[float],
+        infos: list[Any] | None = None,
+        ends: Mapping[str, str] = NOTHING,
+        dones: list[bool] | None = None,
+        actions: list[Any] | None = None,
+        returns: Mapping[str, Returns] = NOTHING,
+        touched: Sequence[Episode] = (),
+    ) -> None:
+        self.episodes, self.agent_ids, self.observations = episodes, agent_ids, observations
+        self.rewards, self.infos, self.ends, self.dones = rewards, infos, ends, dones
+        self.actions, self.returns, self.touched = actions, returns, touched
+        self._rows: list[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -86,16 +110,23 @@ class Steps:
         return self._rows[i]
 
 
-@dataclass(slots=True)
 class Completion:
     """What :func:`complete` works out: the rows to write, and how to advance the agents."""
 
-    rows: list[tuple[Any, ...]] = field(default_factory=list)  # values in STEP_COLUMNS order
-    advancing: list[AgentState] = field(default_factory=list)  # per row, the agent it advances
-    acting: list[int] = field(default_factory=list)  # rows of the Steps that open a pending step
-    summaries: list[dict[str, Any]] = field(default_factory=list)  # of the episodes that end
-    ending: list[Episode] = field(default_factory=list)
-    sums: list[tuple[AgentState, float]] = field(default_factory=list)  # unobserved agents'
+    __slots__ = ("acting", "advancing", "ending", "rows", "summaries", "sums")
+
+    def __init__(
+        self,
+        rows: list[tuple[Any, ...]] | None = None,
+        advancing: list[AgentState] | None = None,
+        ending: list[Episode] | None = None,
+    ) -> None:
+        self.rows = [] if rows is None else rows  # values in STEP_COLUMNS order
+        self.advancing = [] if advancing is None else advancing  # per row, the agent it advances
+        self.acting: list[int] = []  # rows of the Steps that open a pending step
+        self.summaries: list[dict[str, Any]] = []  # of the episodes that end
+        self.ending = [] if ending is None else ending
+        self.sums: list[tuple[AgentState, float]] = []  # unobserved agents' reward sums
 
     @property
     def columns(self) -> dict[str, list[Any]]:
@@ -116,11 +147,12 @@ def complete(steps: Steps) -> Completion:
     end, with every agent's state unchanged (a SchemaError for a non-finite reward sum)."""
     done = Completion()
     ends, dones, infos, rewards = steps.ends, steps.dones, steps.infos, steps.rewards
-    for i, (episode, agent_id) in enumerate(zip(steps.episodes, steps.agent_ids, strict=True)):
-        state = episode.agents.get(agent_id)
+    for i, episode in enumerate(steps.episodes):
+        agent_id = steps.agent_ids[i]
+        state = episode.agents.get(agent_id, _UNSEEN)
         end = ends.get(episode.episode_id) if ends else None
-        flagged = (dones is not None and dones[i]) or (state is not None and state.terminated)
-        if state is None or state.pending is None:
+        flagged = (dones is not None and dones[i]) or state.terminated
+        if state.pending is None:
             unattributed(episode.episode_id, agent_id, rewards[i])
         else:
             reward = reward_sum(state.reward, rewards[i], state.episode_return, agent_id)
