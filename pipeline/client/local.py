@@ -113,10 +113,10 @@ class RowBuffer:
                 self._summaries += summaries
             due = len(steps) >= self.wake_rows or now >= self._since + self._build_after
         if due and self._stuck is None:
-            built = False
+            woken = True  # by a batch built, or a build failed (the upload thread raises it)
             with contextlib.suppress(Exception):  # kept in _stuck, raised by the next drain
-                built = self._build(wait=False)
-            if built:
+                woken = self._build(wait=False)
+            if woken:
                 self._on_ready()
 
     def drain(self, everything: bool) -> list[tuple[str, pa.RecordBatch]]:
