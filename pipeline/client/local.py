@@ -75,7 +75,7 @@ class RowBuffer:
         self.max_rows = max(self.batch_rows, buffer_bytes // row_bytes)
         self._on_ready = on_ready
         self._build_after = build_after_s
-        self._since = math.inf  # when the oldest row not yet built came
+        self._due_at = math.inf  # when the oldest row not yet built has waited build_after_s
         self._lock = threading.Lock()
         self._taken = threading.Condition(self._lock)
         self._building = threading.Lock()  # one build at a time
@@ -106,12 +106,12 @@ class RowBuffer:
                     self._lock.acquire()
                 self._taken.wait(0.1)
             now = time.monotonic()
-            if self._since > now:  # none waited
-                self._since = now
+            if self._due_at == math.inf:  # none waited
+                self._due_at = now + self._build_after
             steps += rows
             if summaries:
                 self._summaries += summaries
-            due = len(steps) >= self.wake_rows or now >= self._since + self._build_after
+            due = len(steps) >= self.wake_rows or now >= self._due_at
         if due and self._stuck is None:
             woken = True  # by a batch built, or a build failed (the upload thread raises it)
             with contextlib.suppress(Exception):  # kept in _stuck, raised by the next drain
@@ -137,7 +137,7 @@ class RowBuffer:
         waits, or the last build failed)."""
         if self._stuck is not None:
             return math.inf
-        return self._since + self._build_after - time.monotonic()
+        return self._due_at - time.monotonic()
 
     def _build(self, wait: bool = True) -> bool:
         """Turn the rows waiting now into batches, appended to those built before; without
@@ -173,7 +173,8 @@ class RowBuffer:
             del self._summaries[: len(summaries)]
             self._built += out
             self._built_rows += len(steps) + len(summaries)
-            self._since = time.monotonic() if self._steps or self._summaries else math.inf
+            waiting = self._steps or self._summaries
+            self._due_at = time.monotonic() + self._build_after if waiting else math.inf
             self._stuck = None
 
 

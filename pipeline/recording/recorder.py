@@ -147,8 +147,7 @@ def complete(steps: Steps) -> Completion:
     end, with every agent's state unchanged (a SchemaError for a non-finite reward sum)."""
     done = Completion()
     ends, dones, infos, rewards = steps.ends, steps.dones, steps.infos, steps.rewards
-    for i, episode in enumerate(steps.episodes):
-        agent_id = steps.agent_ids[i]
+    for i, (episode, agent_id) in enumerate(zip(steps.episodes, steps.agent_ids, strict=True)):
         state = episode.agents.get(agent_id, _UNSEEN)
         end = ends.get(episode.episode_id) if ends else None
         flagged = (dones is not None and dones[i]) or state.terminated
