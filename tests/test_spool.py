@@ -17,8 +17,6 @@ from pipeline.client import spool
 from pipeline.client.local import RowBuffer
 from pipeline.client.spool import Spool, Uploader, to_ipc
 from pipeline.errors import RequestRejected
-from pipeline.recording.episode import AgentState
-from pipeline.recording.recorder import Completion
 
 
 def _build(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
@@ -129,7 +127,7 @@ def test_rows_a_batch_cannot_be_built_from_stay_and_close_says_so(tmp_path: Path
     )
     observation = np.zeros(2, np.float32)
     row = ("e", 0, 0, observation, 1, 0.0, observation, True, False, None, None, True, None, "c")
-    rows.add(Completion(rows=[row], advancing=[AgentState()]))  # agent_id 0: not a string
+    rows.add([row])  # agent_id 0: not a string
     uploader = Uploader("c1", rows, send, Spool(tmp_path), interval_s=0.01)
     assert not uploader.flush(5)
     assert uploader.failure is not None
@@ -150,7 +148,7 @@ def test_a_build_that_fails_in_the_simulators_thread_reaches_it_at_its_next_call
     uploader = Uploader("c1", rows, lambda *_: None, Spool(tmp_path), interval_s=0.05)
     observation = np.zeros(2, np.float32)
     row = ("e", 0, 0, observation, 1, 0.0, observation, True, False, None, None, True, None, "c")
-    rows.add(Completion(rows=[row], advancing=[AgentState()]))  # built here, and failed
+    rows.add([row])  # built here, and failed
     deadline = time.monotonic() + 5
     while uploader.failure is None and time.monotonic() < deadline:
         threading.Event().wait(0.01)
@@ -164,7 +162,7 @@ def _step_rows(rows: RowBuffer, first: int, count: int) -> None:
     for t in range(first, first + count):
         row = ("e", "a", t, observation, 1, 0.0, observation, False, False)
         row += (None, None, True, None, "c")
-        rows.add(Completion(rows=[row], advancing=[AgentState()]))
+        rows.add([row])
 
 
 def _ts(batches: list[tuple[str, pa.RecordBatch]]) -> list[int]:

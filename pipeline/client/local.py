@@ -26,12 +26,18 @@ from pipeline.errors import SchemaError
 from pipeline.format import codec, layout, samples, schema
 from pipeline.policy.network import NumpyPolicy
 from pipeline.recording import batches, recorder
-from pipeline.recording.episode import Episode, Returns
-from pipeline.recording.recorder import CLOSED, Completion, Steps
+from pipeline.recording.episode import Episode, Pending, Returns
+from pipeline.recording.recorder import CLOSED, Steps
 
 _AGENT = layout.DEFAULT_AGENT_ID
-_OBSERVATION = ("observation",)  # a single agent's observation's name in errors
+_OBSERVATION, _ACTION = ("observation",), ("action",)  # a single agent's fields, in errors
+_REWARD, _TERMINATED = (
+    recorder.STEP_COLUMNS.index("reward"),
+    recorder.STEP_COLUMNS.index("terminated"),
+)
 
+
+_NONE: list[Any] = []  # no summaries (never changed)
 
 BUFFER_BYTES = 32 * 2**20
 """About the most bytes of rows a client keeps in memory for its upload thread: a simulator
@@ -90,10 +96,10 @@ class RowBuffer:
         """Rows waiting: steps and summaries, built or not."""
         return len(self._steps) + len(self._summaries) + self._built_rows
 
-    def add(self, done: Completion) -> None:
-        """Keep a call's rows; first wait (waking the upload thread) while the buffer is full.
-        Once enough wait, build them (a failed build keeps them: :meth:`drain` raises it)."""
-        rows, summaries = done.rows, done.summaries
+    def add(self, rows: list[tuple[Any, ...]], summaries: list[dict[str, Any]] = _NONE) -> None:
+        """Keep a call's step rows (in the step core's column order) and episode summaries;
+        first wait (waking the upload thread) while the buffer is full. Once enough wait, build
+        them (a failed build keeps them: :meth:`drain` raises it)."""
         if not rows and not summaries:
             return
         with self._lock:
@@ -230,27 +236,51 @@ class LocalInference:
     def step(self, episode_id: str, observation: Any, action: Any, multiagent: bool) -> Any:
         """get_action (``action`` None: the policy picks, and the action is returned) or
         log_action (the simulator's ``action`` is recorded)."""
-        steps = self._steps(self.episode(episode_id), observation, multiagent, None)
+        episode = self.episode(episode_id)
+        if multiagent:
+            return self._step_agents(episode, observation, action)
+        episode.check_form(False)
+        batch = batches.checked(self.observation_space, [observation], _OBSERVATION)
+        logged = None if action is None else self._logged([action], _ACTION)[0]
+        state, seen = episode.seen(_AGENT), batches.rows_of(batch)[0]
+        row = recorder.observed(episode, _AGENT, state, seen, 0.0, None, None, state.terminated)
+        chosen = logp = version = None
+        if not state.terminated:  # flagged done, the agent acts no more
+            if logged is None:
+                (chosen,), (logp,), version = self._chosen(batch, [0])
+            else:
+                chosen = logged
+        self.rows.add([row] if row is not None else [])
+        if row is not None:  # safe: the step core's commit, for one row
+            state.advance(row[_REWARD], row[_TERMINATED])
+        if chosen is not None:
+            episode.agent(_AGENT).pending = Pending(seen, chosen, logp, version)
+        episode.multiagent = False
+        return chosen if logged is None else None
+
+    def _step_agents(self, episode: Episode, observation: Any, action: Any) -> Any:
+        """:meth:`step` of a multi-agent episode, through the step core's batch form."""
+        steps = self._steps(episode, observation, True, None)
         if action is not None:
-            given = action if multiagent else {_AGENT: action}
-            names = [_name("action", multiagent, a) for a in steps.agent_ids]
-            missing = [a for a in steps.agent_ids if a not in given]
+            missing = [a for a in steps.agent_ids if a not in action]
             if missing:
                 raise SchemaError.single(
                     "actions", "an action for every observed agent", f"none for {missing}"
                 )
-            values = [given[a] for a in steps.agent_ids]
-            checked = batches.checked(self.action_space, values, names)
-            steps.actions = [batches.row_of(checked, i) for i in range(len(values))]
+            names = [f"actions.{a}" for a in steps.agent_ids]
+            steps.actions = self._logged([action[a] for a in steps.agent_ids], names)
         done = recorder.complete(steps)
-        actions, logp, version = self._actions(steps, done.acting)
-        self.rows.add(done)
+        logp: list[Any]
+        if steps.actions is not None:
+            actions = [steps.actions[i] for i in done.acting]
+            logp, version = [None] * len(actions), None
+        else:
+            actions, logp, version = self._chosen(steps.observations, done.acting)
+        self.rows.add(done.rows, done.summaries)
         recorder.commit(steps, done, actions, logp, version)
-        steps.touched[0].multiagent = multiagent
+        episode.multiagent = True
         if action is not None:
             return None
-        if not multiagent:  # the agent acts, or (flagged done) acts no more
-            return actions[0] if actions else None
         return {steps.agent_ids[i]: a for i, a in zip(done.acting, actions, strict=True)}
 
     def add_returns(self, episode_id: str, returns: Returns) -> None:
@@ -263,7 +293,7 @@ class LocalInference:
         end = recorder.TRUNCATED if truncated else recorder.TERMINATED
         steps = self._steps(self.episode(episode_id), observation, multiagent, end)
         done = recorder.complete(steps)
-        self.rows.add(done)
+        self.rows.add(done.rows, done.summaries)
         recorder.commit(steps, done, [], [], None)
         del self._episodes[episode_id]
 
@@ -272,7 +302,7 @@ class LocalInference:
         steps truncated, ``end_reason`` ``closed``; their rows wait for the upload thread."""
         for episode_id in list(self._episodes):
             done = recorder.close(self._episodes.pop(episode_id), CLOSED)
-            self.rows.add(done)
+            self.rows.add(done.rows, done.summaries)
             recorder.settle(done)
         return True
 
@@ -284,7 +314,7 @@ class LocalInference:
         names: Sequence[str]
         if multiagent:
             agent_ids, values = list(observation), list(observation.values())
-            names = [_name("observation", multiagent, a) for a in agent_ids]
+            names = [f"observations.{a}" for a in agent_ids]
         else:
             agent_ids, values, names = [_AGENT], [observation], _OBSERVATION
         batch = batches.checked(self.observation_space, values, names)
@@ -292,15 +322,18 @@ class LocalInference:
         ends = recorder.NOTHING if end is None else {episode.episode_id: end}
         return Steps([episode] * n, agent_ids, batch, [0.0] * n, ends=ends, touched=(episode,))
 
-    def _actions(self, steps: Steps, acting: list[int]) -> tuple[list[Any], list[Any], Any]:
-        """Logged actions as given; else the policy's (or uniform ones, before any policy)."""
-        if steps.actions is not None:
-            return [steps.actions[i] for i in acting], [None] * len(acting), None
+    def _logged(self, values: list[Any], names: Sequence[str]) -> list[Any]:
+        """Logged actions, checked (refused here, naming the field), as the env takes them."""
+        checked = batches.checked(self.action_space, values, names)
+        return [batches.row_of(checked, i) for i in range(len(values))]
+
+    def _chosen(self, observations: Any, acting: list[int]) -> tuple[list[Any], list[Any], Any]:
+        """The policy's actions for rows ``acting`` of a batch of observations, with their
+        log-probabilities (uniform ones, before any policy)."""
         policy = self.policy
         if policy is None:
             return [self._random_action() for _ in acting], [None] * len(acting), None
-        observations = steps.observations
-        if len(acting) == 1 and isinstance(observations, np.ndarray):
+        if len(acting) == 1 and type(observations) is np.ndarray:
             action, logp = policy.act_one(observations[acting[0]], self._rng)
             return [action], [logp], policy.version
         chosen, logps = policy.act(batches.take(observations, acting), self._rng)
@@ -313,7 +346,3 @@ class LocalInference:
             batch = samples.sample_batch(self.action_space, 1000, int(self._rng.integers(2**63)))
             self._random = [batches.row_of(batch, i) for i in range(1000)]
         return self._random.pop()
-
-
-def _name(field: str, multiagent: bool, agent_id: str) -> str:
-    return f"{field}s.{agent_id}" if multiagent else field

@@ -53,6 +53,9 @@ class AgentState:
         self.terminated = self.terminated or terminated
 
 
+_UNSEEN = AgentState()
+
+
 @dataclass(slots=True)
 class Episode:
     """An open episode: its agents, what its summary records, and what the server needs to
@@ -82,6 +85,12 @@ class Episode:
             raise SchemaError.single(
                 got, f"'{want}' (episode '{self.episode_id}' is {form}-agent)", f"'{got}'"
             )
+
+    def seen(self, agent_id: str) -> AgentState:
+        """The agent's state as the step core reads it before a call's rows are safe: an agent
+        not yet observed reads as one shared empty state, never changed, so that a refused
+        call adds no agent (:meth:`agent` adds it once they are)."""
+        return self.agents.get(agent_id, _UNSEEN)
 
     def agent(self, agent_id: str) -> AgentState:
         state = self.agents.get(agent_id)

@@ -47,7 +47,6 @@ from pipeline.recording.episode import (
 
 TERMINATED, TRUNCATED, CLOSED = "terminated", "truncated", "closed"
 NOTHING: Mapping[str, Any] = MappingProxyType({})  # no ends, no returns: shared, read-only
-_UNSEEN = AgentState()  # an agent not yet observed, as complete() reads it (never changed)
 STEP_COLUMNS = schema.STEP_COLUMNS[:-1]  # the rows made here; the writer stamps logged_at
 _EPISODE_ID, _AGENT_ID, _REWARD, _TERMINATED = 0, 1, 5, 7  # positions in STEP_COLUMNS
 
@@ -148,22 +147,48 @@ def complete(steps: Steps) -> Completion:
     done = Completion()
     ends, dones, infos, rewards = steps.ends, steps.dones, steps.infos, steps.rewards
     for i, (episode, agent_id) in enumerate(zip(steps.episodes, steps.agent_ids, strict=True)):
-        state = episode.agents.get(agent_id, _UNSEEN)
+        state = episode.seen(agent_id)
         end = ends.get(episode.episode_id) if ends else None
         flagged = (dones is not None and dones[i]) or state.terminated
-        if state.pending is None:
-            unattributed(episode.episode_id, agent_id, rewards[i])
-        else:
-            reward = reward_sum(state.reward, rewards[i], state.episode_return, agent_id)
-            info = infos[i] if infos is not None else None
-            ended = end == TERMINATED or flagged, end == TRUNCATED and not flagged
-            observation = steps.observation(i)
-            _add(done, episode, agent_id, state, state.pending, reward, observation, info, *ended)
+        info = infos[i] if infos is not None else None
+        observation = steps.observation(i)
+        row = observed(episode, agent_id, state, observation, rewards[i], info, end, flagged)
+        if row is not None:
+            done.rows.append(row)
+            done.advancing.append(state)
         if end is None and not flagged:
             done.acting.append(i)
     if steps.returns or ends:
         _unobserved(steps, done)
     return done
+
+
+def observed(
+    episode: Episode,
+    agent_id: str,
+    state: AgentState,
+    observation: Any,
+    reward: float,
+    info: Any,
+    end: str | None,
+    flagged: bool,
+) -> tuple[Any, ...] | None:
+    """The row an agent's ``observation`` completes, with ``reward`` logged with it, ended as
+    ``end`` says or, ``flagged`` by a done flag, terminated; None when the agent has no pending
+    step (the reward belongs to no transition, and is reported).
+
+    The one rule of an observed agent's row, whatever the call: :func:`complete` applies it
+    to each row of its calls, a local client's single-agent step to its one observation.
+    Nothing changes: the caller advances the agent (:meth:`AgentState.advance`) once the row is
+    safe. A SchemaError when the step's reward sum or the return would not be finite.
+    """
+    pending = state.pending
+    if pending is None:
+        unattributed(episode.episode_id, agent_id, reward)
+        return None
+    total = reward_sum(state.reward, reward, state.episode_return, agent_id)
+    ended = end == TERMINATED or flagged, end == TRUNCATED and not flagged
+    return _row(episode, agent_id, state, pending, total, observation, info, *ended)
 
 
 def close(episode: Episode, reason: str = CLOSED) -> Completion:
@@ -246,8 +271,7 @@ def summary_rows(
     return out
 
 
-def _add(
-    done: Completion,
+def _row(
     episode: Episode,
     agent_id: str,
     state: AgentState,
@@ -257,28 +281,25 @@ def _add(
     info: Any,
     terminated: bool,
     truncated: bool,
-) -> None:
-    """The row of ``state``'s ``pending`` step (the callers found one), ended at
-    ``next_observation``."""
-    done.rows.append(
-        (
-            episode.episode_id,
-            agent_id,
-            state.t,
-            pending.observation,
-            pending.action,
-            reward,
-            next_observation,
-            terminated,
-            truncated,
-            pending.action_logp,
-            pending.policy_version,
-            episode.training_enabled,
-            info if info is not None else state.info,
-            episode.client_id,
-        )
+) -> tuple[Any, ...]:
+    """The row of ``state``'s ``pending`` step, ended at ``next_observation``, in
+    STEP_COLUMNS order."""
+    return (
+        episode.episode_id,
+        agent_id,
+        state.t,
+        pending.observation,
+        pending.action,
+        reward,
+        next_observation,
+        terminated,
+        truncated,
+        pending.action_logp,
+        pending.policy_version,
+        episode.training_enabled,
+        info if info is not None else state.info,
+        episode.client_id,
     )
-    done.advancing.append(state)
 
 
 def _unobserved(steps: Steps, done: Completion) -> None:
@@ -326,7 +347,9 @@ def _close_rows(
         terminated = state.terminated or returns.dones.get(agent_id, False)
         reward, info = sums.get(agent_id, state.reward), returns.infos.get(agent_id)
         ended = terminated, not terminated
-        _add(done, episode, agent_id, state, pending, reward, pending.observation, info, *ended)
+        row = _row(episode, agent_id, state, pending, reward, pending.observation, info, *ended)
+        done.rows.append(row)
+        done.advancing.append(state)
 
 
 def _observed(steps: Steps, named: Set[str]) -> dict[str, frozenset[str]]:
