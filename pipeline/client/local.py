@@ -26,11 +26,12 @@ from pipeline.errors import SchemaError
 from pipeline.format import codec, layout, samples, schema
 from pipeline.policy.network import NumpyPolicy
 from pipeline.recording import batches, recorder
-from pipeline.recording.episode import Episode, Pending, Returns
+from pipeline.recording.episode import AgentState, Episode, Pending, Returns
 from pipeline.recording.recorder import CLOSED, Steps
 
 _AGENT = layout.DEFAULT_AGENT_ID
 _OBSERVATION, _ACTION = ("observation",), ("action",)  # a single agent's fields, in errors
+_ALONE = frozenset([_AGENT])  # the agent a single-agent end observes
 _REWARD, _TERMINATED = (
     recorder.STEP_COLUMNS.index("reward"),
     recorder.STEP_COLUMNS.index("terminated"),
@@ -239,11 +240,8 @@ class LocalInference:
         episode = self.episode(episode_id)
         if multiagent:
             return self._step_agents(episode, observation, action)
-        episode.check_form(False)
-        batch = batches.checked(self.observation_space, [observation], _OBSERVATION)
+        batch, seen, state, row = self._observe(episode, observation, None)
         logged = None if action is None else self._logged([action], _ACTION)[0]
-        state, seen = episode.seen(_AGENT), batches.rows_of(batch)[0]
-        row = recorder.observed(episode, _AGENT, state, seen, 0.0, None, None, state.terminated)
         chosen = logp = version = None
         if not state.terminated:  # flagged done, the agent acts no more
             if logged is None:
@@ -291,10 +289,16 @@ class LocalInference:
 
     def end(self, episode_id: str, observation: Any, truncated: bool, multiagent: bool) -> None:
         end = recorder.TRUNCATED if truncated else recorder.TERMINATED
-        steps = self._steps(self.episode(episode_id), observation, multiagent, end)
-        done = recorder.complete(steps)
-        self.rows.add(done.rows, done.summaries)
-        recorder.commit(steps, done, [], [], None)
+        episode = self.episode(episode_id)
+        if multiagent:
+            steps = self._steps(episode, observation, True, end)
+            done = recorder.complete(steps)
+            self.rows.add(done.rows, done.summaries)
+            recorder.commit(steps, done, [], [], None)
+        else:  # the episode goes: the agent need not advance
+            row = self._observe(episode, observation, end)[3]
+            rows = [row] if row is not None else []
+            self.rows.add(rows, recorder.summary_rows(episode, end, rows, _ALONE))
         del self._episodes[episode_id]
 
     def close_all(self) -> bool:
@@ -305,6 +309,22 @@ class LocalInference:
             self.rows.add(done.rows, done.summaries)
             recorder.settle(done)
         return True
+
+    def _observe(
+        self, episode: Episode, observation: Any, end: str | None
+    ) -> tuple[Any, Any, AgentState, tuple[Any, ...] | None]:
+        """A single agent's observation checked (refused here, naming the field): as a batch,
+        as the env gave it, the agent's state, and the row it completes by the step core's rule
+        (:func:`~pipeline.recording.recorder.observed`), nothing changed."""
+        episode.check_form(False)
+        batch = batches.checked(self.observation_space, [observation], _OBSERVATION)
+        state, seen = episode.seen(_AGENT), batches.rows_of(batch)[0]
+        return (
+            batch,
+            seen,
+            state,
+            recorder.observed(episode, _AGENT, state, seen, 0.0, None, end, state.terminated),
+        )
 
     def _steps(
         self, episode: Episode, observation: Any, multiagent: bool, end: str | None

@@ -196,7 +196,7 @@ def close(episode: Episode, reason: str = CLOSED) -> Completion:
     last observation (terminated where a done flag says so)."""
     done = Completion(ending=[episode])
     _close_rows(episode, done, frozenset(), {}, Returns())
-    done.summaries = summary_rows(episode, reason, done, frozenset())
+    done.summaries = summary_rows(episode, reason, done.rows, frozenset())
     return done
 
 
@@ -236,21 +236,21 @@ def settle(done: Completion) -> None:
 
 
 def summary_rows(
-    episode: Episode, reason: str, done: Completion, observed: frozenset[str]
+    episode: Episode, reason: str, rows: list[tuple[Any, ...]], observed: frozenset[str]
 ) -> list[dict[str, Any]]:
-    """One episodes-table row per agent, counting the rows of ``done`` as written. An agent's
+    """One episodes-table row per agent, counting ``rows`` (step rows) as written. An agent's
     own termination wins over ``reason``; at a terminated end an agent the end did not observe
     was cut off, and its reason is ``truncated``, as its last row says."""
     now = datetime.now(UTC)
     agents = episode.agents or {layout.DEFAULT_AGENT_ID: AgentState(started_at=episode.started_at)}
     written: dict[str, list[tuple[Any, ...]]] = {}
-    for row in done.rows:
+    for row in rows:
         if row[_EPISODE_ID] == episode.episode_id:
             written.setdefault(row[_AGENT_ID], []).append(row)
     out = []
     for agent_id, state in agents.items():
-        rows = written.get(agent_id, [])
-        terminated = state.terminated or any(row[_TERMINATED] for row in rows)
+        mine = written.get(agent_id, [])
+        terminated = state.terminated or any(row[_TERMINATED] for row in mine)
         cut = reason == TERMINATED and agent_id not in observed
         out.append(
             {
@@ -259,8 +259,8 @@ def summary_rows(
                 "client_id": episode.client_id,
                 "started_at": state.started_at,
                 "ended_at": now,
-                "length": state.length + len(rows),
-                "return": state.episode_return + sum(row[_REWARD] for row in rows),
+                "length": state.length + len(mine),
+                "return": state.episode_return + sum(row[_REWARD] for row in mine),
                 "env_id": episode.env_id,
                 "seed": episode.seed,
                 "reset_options": episode.reset_options,
@@ -319,7 +319,7 @@ def _unobserved(steps: Steps, done: Completion) -> None:
     for episode in done.ending:
         reason = steps.ends[episode.episode_id]
         mine = observed.get(episode.episode_id, frozenset())
-        done.summaries += summary_rows(episode, reason, done, mine)
+        done.summaries += summary_rows(episode, reason, done.rows, mine)
 
 
 def _episodes(steps: Steps, named: Set[str]) -> list[Episode]:
