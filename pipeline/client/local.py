@@ -240,7 +240,7 @@ class LocalInference:
         episode = self.episode(episode_id)
         if multiagent:
             return self._step_agents(episode, observation, action)
-        batch, seen, state, row = self._observe(episode, observation, None)
+        batch, current, state, row = self._observe(episode, observation, None)
         logged = None if action is None else self._logged([action], _ACTION)[0]
         chosen = logp = version = None
         if not state.terminated:  # flagged done, the agent acts no more
@@ -252,7 +252,7 @@ class LocalInference:
         if row is not None:  # safe: the step core's commit, for one row
             state.advance(row[_REWARD], row[_TERMINATED])
         if chosen is not None:
-            episode.agent(_AGENT).pending = Pending(seen, chosen, logp, version)
+            episode.agent(_AGENT).pending = Pending(current, chosen, logp, version)
         episode.multiagent = False
         return chosen if logged is None else None
 
@@ -315,15 +315,17 @@ class LocalInference:
     ) -> tuple[Any, Any, AgentState, tuple[Any, ...] | None]:
         """A single agent's observation checked (refused here, naming the field): as a batch,
         as the env gave it, the agent's state, and the row it completes by the step core's rule
-        (:func:`~pipeline.recording.recorder.observed`), nothing changed."""
+        (:func:`~pipeline.recording.recorder.completed_row`), nothing changed."""
         episode.check_form(False)
         batch = batches.checked(self.observation_space, [observation], _OBSERVATION)
-        state, seen = episode.seen(_AGENT), batches.rows_of(batch)[0]
+        state, current = episode.seen(_AGENT), batches.rows_of(batch)[0]
         return (
             batch,
-            seen,
+            current,
             state,
-            recorder.observed(episode, _AGENT, state, seen, 0.0, None, end, state.terminated),
+            recorder.completed_row(
+                episode, _AGENT, state, current, 0.0, None, end, state.terminated
+            ),
         )
 
     def _steps(

@@ -53,7 +53,7 @@ class AgentState:
         self.terminated = self.terminated or terminated
 
 
-_UNSEEN = AgentState()
+_UNSEEN = AgentState()  # an agent not yet observed, as Episode.seen() reads it (never changed)
 
 
 @dataclass(slots=True)

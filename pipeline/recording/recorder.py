@@ -2,10 +2,13 @@
 
 The server (one episode or many per request), the local-inference client and ``VectorEpisodes``
 all hand their steps here as :class:`Steps`: a row per agent observed, the observations one
-validated batch. :func:`complete` works out the step rows they finish, as columns, without
-changing any state; the caller picks the actions, makes the rows safe (the server: durable in
-the writer) and only then calls :func:`commit`, so a failed write changes nothing and the call
-can be retried.
+validated batch. :func:`complete` works out the step rows they finish, without changing any
+state; the caller picks the actions, makes the rows safe (the server: durable in the writer)
+and only then calls :func:`commit`, so a failed write changes nothing and the call can be
+retried. A local client's single-agent step and end, a simulator's every call, apply the same
+rules to their one observation without the batch form (:func:`completed_row`, and
+:func:`summary_rows` at an end): for one row, the batch form's objects cost an eighth of a
+local CartPole step.
 
 The rules (``docs/protocol.md``, "What a step row holds") are here, with the state they advance
 (:mod:`pipeline.recording.episode`), and nowhere else:
@@ -152,7 +155,7 @@ def complete(steps: Steps) -> Completion:
         flagged = (dones is not None and dones[i]) or state.terminated
         info = infos[i] if infos is not None else None
         observation = steps.observation(i)
-        row = observed(episode, agent_id, state, observation, rewards[i], info, end, flagged)
+        row = completed_row(episode, agent_id, state, observation, rewards[i], info, end, flagged)
         if row is not None:
             done.rows.append(row)
             done.advancing.append(state)
@@ -163,7 +166,7 @@ def complete(steps: Steps) -> Completion:
     return done
 
 
-def observed(
+def completed_row(
     episode: Episode,
     agent_id: str,
     state: AgentState,
