@@ -32,13 +32,6 @@ from pipeline.recording.recorder import CLOSED, Steps
 _AGENT = layout.DEFAULT_AGENT_ID
 _OBSERVATION, _ACTION = ("observation",), ("action",)  # a single agent's fields, in errors
 _ALONE = frozenset([_AGENT])  # the agent a single-agent end observes
-_REWARD, _TERMINATED = (
-    recorder.STEP_COLUMNS.index("reward"),
-    recorder.STEP_COLUMNS.index("terminated"),
-)
-
-
-_NONE: list[Any] = []  # no summaries (never changed)
 
 BUFFER_BYTES = 32 * 2**20
 """About the most bytes of rows a client keeps in memory for its upload thread: a simulator
@@ -97,7 +90,7 @@ class RowBuffer:
         """Rows waiting: steps and summaries, built or not."""
         return len(self._steps) + len(self._summaries) + self._built_rows
 
-    def add(self, rows: list[tuple[Any, ...]], summaries: list[dict[str, Any]] = _NONE) -> None:
+    def add(self, rows: list[tuple[Any, ...]], summaries: Sequence[dict[str, Any]] = ()) -> None:
         """Keep a call's step rows (in the step core's column order) and episode summaries;
         first wait (waking the upload thread) while the buffer is full. Once enough wait, build
         them (a failed build keeps them: :meth:`drain` raises it)."""
@@ -250,7 +243,7 @@ class LocalInference:
                 chosen = logged
         self.rows.add([row] if row is not None else [])
         if row is not None:  # safe: the step core's commit, for one row
-            state.advance(row[_REWARD], row[_TERMINATED])
+            recorder.advance(state, row)
         if chosen is not None:
             episode.agent(_AGENT).pending = Pending(current, chosen, logp, version)
         episode.multiagent = False
@@ -258,7 +251,7 @@ class LocalInference:
 
     def _step_agents(self, episode: Episode, observation: Any, action: Any) -> Any:
         """:meth:`step` of a multi-agent episode, through the step core's batch form."""
-        steps = self._steps(episode, observation, True, None)
+        steps = self._steps(episode, observation, None)
         if action is not None:
             missing = [a for a in steps.agent_ids if a not in action]
             if missing:
@@ -291,7 +284,7 @@ class LocalInference:
         end = recorder.TRUNCATED if truncated else recorder.TERMINATED
         episode = self.episode(episode_id)
         if multiagent:
-            steps = self._steps(episode, observation, True, end)
+            steps = self._steps(episode, observation, end)
             done = recorder.complete(steps)
             self.rows.add(done.rows, done.summaries)
             recorder.commit(steps, done, [], [], None)
@@ -328,17 +321,12 @@ class LocalInference:
             ),
         )
 
-    def _steps(
-        self, episode: Episode, observation: Any, multiagent: bool, end: str | None
-    ) -> Steps:
-        """One call's rows, the observations checked (refused here, naming the field)."""
-        episode.check_form(multiagent)
-        names: Sequence[str]
-        if multiagent:
-            agent_ids, values = list(observation), list(observation.values())
-            names = [f"observations.{a}" for a in agent_ids]
-        else:
-            agent_ids, values, names = [_AGENT], [observation], _OBSERVATION
+    def _steps(self, episode: Episode, observation: Any, end: str | None) -> Steps:
+        """A multi-agent call's rows, the observations checked (refused here, naming the
+        field)."""
+        episode.check_form(True)
+        agent_ids, values = list(observation), list(observation.values())
+        names = [f"observations.{a}" for a in agent_ids]
         batch = batches.checked(self.observation_space, values, names)
         n = len(agent_ids)
         ends = recorder.NOTHING if end is None else {episode.episode_id: end}

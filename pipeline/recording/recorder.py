@@ -235,7 +235,12 @@ def commit(
 def settle(done: Completion) -> None:
     """Advance the agents of ``done``'s rows, once they are safe (all :func:`close` needs)."""
     for state, row in zip(done.advancing, done.rows, strict=True):
-        state.advance(row[_REWARD], row[_TERMINATED])
+        advance(state, row)
+
+
+def advance(state: AgentState, row: tuple[Any, ...]) -> None:
+    """Advance an agent past its pending step, whose row (made of its state) is safe."""
+    state.advance(row[_REWARD], row[_TERMINATED])
 
 
 def summary_rows(
