@@ -117,14 +117,9 @@ class Completion:
 
     __slots__ = ("acting", "advancing", "ending", "rows", "summaries", "sums")
 
-    def __init__(
-        self,
-        rows: list[tuple[Any, ...]] | None = None,
-        advancing: list[AgentState] | None = None,
-        ending: list[Episode] | None = None,
-    ) -> None:
-        self.rows = [] if rows is None else rows  # values in STEP_COLUMNS order
-        self.advancing = [] if advancing is None else advancing  # per row, the agent it advances
+    def __init__(self, ending: list[Episode] | None = None) -> None:
+        self.rows: list[tuple[Any, ...]] = []  # values in STEP_COLUMNS order
+        self.advancing: list[AgentState] = []  # per row, the agent it advances
         self.acting: list[int] = []  # rows of the Steps that open a pending step
         self.summaries: list[dict[str, Any]] = []  # of the episodes that end
         self.ending = [] if ending is None else ending
