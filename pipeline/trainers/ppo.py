@@ -35,6 +35,7 @@ from ``V(next_observation)``, as a truncated episode does (:mod:`pipeline.traine
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -182,12 +183,14 @@ class PPO:
         rho = (proximal - behaviour).exp().clamp(max=c.rho_bar) * fresh
         adv, ret = column(advantages), column(returns)
         size = max(1, len(batch) // c.num_minibatches)
+        if c.norm_adv and size >= len(batch) > 1:  # one minibatch: normalized once, not per pass
+            adv = _normalized(adv)
         columns = (x, actions, proximal, adv, ret, fresh, rho)
         sums: dict[str, float] = {}
         for epoch in range(c.update_epochs):
             last = epoch == c.update_epochs - 1  # metrics of the last pass only: they cost
             if size >= len(batch):  # one minibatch: its order does not matter
-                self._minibatch(columns, clip, sums if last else None)
+                self._minibatch(columns, clip, sums if last else None, normalize=False)
                 continue
             order = torch.as_tensor(self.rng.permutation(len(batch)))
             for start in range(0, len(batch), size):
@@ -207,17 +210,21 @@ class PPO:
         }
 
     def _minibatch(
-        self, columns: tuple[torch.Tensor, ...], clip: float, sums: dict[str, float] | None
+        self,
+        columns: tuple[torch.Tensor, ...],
+        clip: float,
+        sums: dict[str, float] | None,
+        normalize: bool = True,
     ) -> None:
         """One gradient step on the losses of PPO's eq. 9, read in the paper's order; its
-        metrics are added to ``sums`` when given."""
+        metrics are added to ``sums`` when given. ``normalize``: the advantages are not yet."""
         c = self.config
         x, actions, proximal, adv, ret, fresh, rho = columns
         logp, entropy = self.policy.log_prob_entropy(x, actions)
         log_ratio = logp - proximal
         ratio = log_ratio.exp()
-        if c.norm_adv and len(adv) > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        if normalize and c.norm_adv and len(adv) > 1:
+            adv = _normalized(adv)
         count = fresh.sum().clamp(min=1.0)
         # clipped surrogate (eq. 7) around the proximal policy, behaviour-corrected by rho
         surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))
@@ -235,7 +242,7 @@ class PPO:
         # on CartPole, rows two versions stale, 16 seeds: env steps to 475 within 19k-33k apart,
         # 18k-49k joint
         for group in self.groups:
-            torch.nn.utils.clip_grad_norm_(group, c.max_grad_norm, foreach=True)
+            _clip_grad_norm(group, c.max_grad_norm)
         self.optimizer.step()
         if sums is None:
             return
@@ -268,6 +275,25 @@ class PPO:
 _STATE = state.Parts(
     modules=("policy", "value"), optimizers=("optimizer",), values=("version", "updates")
 )
+
+
+def _normalized(adv: torch.Tensor) -> torch.Tensor:
+    return (adv - adv.mean()) / (adv.std() + 1e-8)
+
+
+@torch.no_grad()
+def _clip_grad_norm(parameters: Sequence[torch.Tensor], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_``'s scaling (to ``max_norm`` over the gradients' joint
+    L2 norm, plus 1e-6), the same values, with the norm taken over the gradients laid end to end:
+    59 us for a 64x64 network's 7 tensors against 103, most of which is torch grouping them by
+    device and type; an update clips twice in each of its gradient steps."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return
+    norm = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads]))
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale)
 
 
 @torch.no_grad()
