@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import baselines
 from baselines import Run
+from common import machine_speed, report
 
 from pipeline.commands.cli import main as rlpipe
 from pipeline.importers.rllib import read_ray_data
@@ -450,12 +451,26 @@ def main() -> None:
 
     torch.set_num_threads(1)  # as every subprocess has OMP_NUM_THREADS=1: 2 shared cores
     only = set(args.only.split(","))
+    _machine("before")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         figures = _online_figures(only, root, args)
         figures.update(_offline_figures(only, root, args.budget, args.seeds or 3))
-    rounded = {k: None if v is None else round(v, 4) for k, v in figures.items()}
-    print(json.dumps(rounded, allow_nan=False))
+    _machine("after")
+    report(figures)
+
+
+def _machine(when: str) -> None:
+    """The machine's speed, which swings from minute to minute. Every run's seconds swing with
+    it, rlpipe's online ones more than SB3's: its clients keep their pace in steps a second, so
+    on a slower machine they take a larger share of the 2 cores from the trainer."""
+    speed = machine_speed()
+    load = os.getloadavg()[0]
+    print(
+        f"machine {when}: load average {load:.1f} on {os.cpu_count()} cores; "
+        f"1e7 Python additions in {speed:.2f} s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
