@@ -1,9 +1,11 @@
-"""What the benchmarks share: CartPole-shaped rows from a real CartPole rollout, the report,
-and a probe of the machine's speed."""
+"""What the benchmarks (and the tests that start servers) share: CartPole-shaped rows from a real
+CartPole rollout, the report, a probe of the machine's speed, and the wait for a server to
+answer."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from typing import Any
 
@@ -64,3 +66,21 @@ def report(figures: dict[str, float | None]) -> None:
     reached (never NaN or Infinity, which strict parsers refuse)."""
     rounded = {key: None if value is None else round(value, 4) for key, value in figures.items()}
     print(json.dumps(rounded, allow_nan=False))
+
+
+def answers(url: str, process: subprocess.Popen[Any], seconds: float, healthy: bool = True) -> bool:
+    """Whether ``url`` answered within ``seconds`` (with a 2xx, when ``healthy``) while
+    ``process`` ran. A refused connection and a slow answer are waited out alike: a server just
+    started, or recovering its log after a kill, on a busy machine, can take longer than the
+    one second each look waits (seen under CI: a soak's restarted server)."""
+    import requests
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if requests.get(url, timeout=1).ok or not healthy:
+                return True
+        except (requests.ConnectionError, requests.Timeout):
+            pass
+        time.sleep(0.05)
+    return False

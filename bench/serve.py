@@ -224,16 +224,10 @@ def _free_port() -> int:
 
 
 def _wait_up(url: str, process: subprocess.Popen[bytes]) -> None:
-    import requests
+    from common import answers
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            requests.get(url, timeout=1)
-            return
-        except requests.ConnectionError:
-            time.sleep(0.1)
-    raise RuntimeError(f"server at {url} did not start")
+    if not answers(url, process, 60.0, healthy=False):
+        raise RuntimeError(f"server at {url} did not start")
 
 
 SERVER: dict[str, int] = {"pid": 0}  # the rlpipe serve process, for its CPU time

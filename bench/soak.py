@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import report
+from common import answers, report
 from soak_check import Run, Samples, check, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,19 +170,11 @@ class Server(Child):
         self.lifetimes: list[tuple[float, Samples]] = []  # (start, samples) on the run's clock
 
     def start(self) -> bool:
-        import requests
-
         super().start()
         assert self.process is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                if requests.get(self.url + "/v1/health", timeout=1).ok:
-                    self.lifetimes.append((time.monotonic() - self.zero, []))
-                    return True
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
+        if answers(self.url + "/v1/health", self.process, 60.0):
+            self.lifetimes.append((time.monotonic() - self.zero, []))
+            return True
         if self.process.poll() is None:
             self.kill()
         return False

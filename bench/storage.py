@@ -47,7 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cartpole_columns, cartpole_spaces, machine_speed, report
+from common import answers, cartpole_columns, cartpole_spaces, machine_speed, report
 
 from pipeline import DatasetWriter, InputReader, WriterConfig
 from pipeline.dataset.location import Location, locate
@@ -105,7 +105,6 @@ class Moto:
 @contextmanager
 def moto_server(directory: Path) -> Iterator[Moto]:
     import boto3
-    import requests
 
     port = _free_port()
     log = open(directory / "moto.log", "w+b")  # noqa: SIM115 (closed below)
@@ -116,15 +115,8 @@ def moto_server(directory: Path) -> Iterator[Moto]:
     )
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.get(endpoint + "/moto-api/", timeout=1)
-                break
-            except requests.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("moto did not start") from None
-                time.sleep(0.1)
+        if not answers(endpoint + "/moto-api/", process, 30.0, healthy=False):
+            raise RuntimeError("moto did not start")
         moto = Moto(endpoint, process, log)
         boto3.client(
             "s3",
@@ -167,7 +159,6 @@ class Store:
 
 
 def _serve(store: Store, prefix: str, index: int, port: int) -> subprocess.Popen[bytes]:
-    import requests
 
     location = store.location(prefix)
     process = subprocess.Popen(
@@ -187,13 +178,8 @@ def _serve(store: Store, prefix: str, index: int, port: int) -> subprocess.Popen
         stderr=subprocess.DEVNULL,
         env={**os.environ, **store.server_env(prefix, index)},
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/v1/health", timeout=1).ok:
-                return process
-        except requests.ConnectionError:
-            time.sleep(0.1)
+    if answers(f"http://127.0.0.1:{port}/v1/health", process, 60.0):
+        return process
     raise RuntimeError(f"rlpipe serve on {location.uri} did not start")
 
 

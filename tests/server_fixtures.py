@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +29,9 @@ from server.service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+# whether a started server answers yet, as every benchmark waits for one
+from common import answers as answers  # noqa: E402
+
 # a pid and its descendants, as the soak finds the server's processes
 from soak import process_tree as process_tree  # noqa: E402
 
@@ -118,15 +120,8 @@ def start_serve_process(
         env={**os.environ, "PYTHONWARNINGS": "error", **(env or {})},
     )  # fmt: skip
     _SERVER_LOGS[process.pid] = log
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/v1/health", timeout=1).ok:
-                return process
-        except requests.ConnectionError:
-            time.sleep(0.1)
-        if process.poll() is not None:
-            break
+    if answers(f"http://127.0.0.1:{port}/v1/health", process, 30.0):
+        return process
     kill(process)
     raise RuntimeError(f"rlpipe serve did not start: {server_log(process)[-2000:]}")
 

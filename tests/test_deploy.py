@@ -28,7 +28,15 @@ import pyarrow.fs as pafs
 import pytest
 import requests
 from s3_fixtures import Bucket
-from server_fixtures import ROOT, free_port, kill, metric, server_log, start_serve_process
+from server_fixtures import (
+    ROOT,
+    answers,
+    free_port,
+    kill,
+    metric,
+    server_log,
+    start_serve_process,
+)
 
 from pipeline import InputReader
 from pipeline.client import PolicyClient
@@ -182,13 +190,8 @@ def balancer(binary: str, directory: Path, addresses: list[str]) -> Iterator[str
 
 
 def _wait_for(url: str, process: subprocess.Popen[bytes], log: Any) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if requests.get(url + "/v1/health", timeout=1).ok:
-                return
-        except requests.ConnectionError:
-            time.sleep(0.05)
+    if answers(url + "/v1/health", process, 10.0):
+        return
     log.seek(0)
     raise RuntimeError(f"haproxy did not start: {log.read().decode(errors='replace')[-2000:]}")
 

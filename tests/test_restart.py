@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import requests
-from server_fixtures import ROOT, free_port, metric
+from server_fixtures import ROOT, answers, free_port, metric
 
 from pipeline.client import PolicyClient
 
@@ -67,15 +67,8 @@ class Server:
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://{self.address}/v1/health", timeout=1).ok:
-                    return
-            except requests.ConnectionError:
-                time.sleep(0.05)
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
-        raise AssertionError(f"rlpipe serve did not start: {self.log.read_text()[-3000:]}")
+        if not answers(f"http://{self.address}/v1/health", self.process, 60.0):
+            raise AssertionError(f"rlpipe serve did not start: {self.log.read_text()[-3000:]}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.process is not None
