@@ -26,6 +26,15 @@ class Run:
         return None if not self.seconds else self.env_steps / self.seconds
 
 
+def _silent(model: Any) -> Any:
+    """``model`` with a logger that writes nowhere: SB3's default, at ``verbose=0``, still
+    makes an empty ``SB3-<time>`` folder in the temp directory per run (108 were left here)."""
+    from stable_baselines3.common.logger import Logger
+
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
+
+
 def sb3_ppo(budget: float, seed: int) -> Run:
     """SB3 PPO with RL-Zoo's CartPole-v1 hyperparameters, until 20-episode mean return >= 475."""
     from stable_baselines3 import PPO
@@ -44,19 +53,21 @@ def sb3_ppo(budget: float, seed: int) -> Run:
 
     solved = [False]
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    model = PPO(
-        "MlpPolicy",
-        env,
-        n_steps=32,
-        batch_size=256,
-        gae_lambda=0.8,
-        gamma=0.98,
-        n_epochs=20,
-        ent_coef=0.0,
-        learning_rate=linear(0.001),
-        clip_range=linear(0.2),
-        seed=seed,
-        device="cpu",
+    model = _silent(
+        PPO(
+            "MlpPolicy",
+            env,
+            n_steps=32,
+            batch_size=256,
+            gae_lambda=0.8,
+            gamma=0.98,
+            n_epochs=20,
+            ent_coef=0.0,
+            learning_rate=linear(0.001),
+            clip_range=linear(0.2),
+            seed=seed,
+            device="cpu",
+        )
     )  # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1 (n_timesteps 1e5)
     started = time.perf_counter()
     model.learn(total_timesteps=100_000, callback=Stop())
@@ -85,7 +96,7 @@ def sb3_sac(budget: float, seed: int) -> Run:
             solved[0] = greedy_return(self.act, "Pendulum-v1", 5, seed) >= -200
             return not solved[0]
 
-    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, seed=seed, device="cpu")
+    model = _silent(SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, seed=seed, device="cpu"))
     started = time.perf_counter()
     model.learn(total_timesteps=20_000, callback=Stop())
     seconds = time.perf_counter() - started
