@@ -16,10 +16,13 @@ from pipeline.trainers.evaluation import greedy_return
 @dataclass(frozen=True)
 class Run:
     """One seed's run of either side: seconds to the bar on its own clock (None: not reached
-    within the budget) and the env steps it had taken by then."""
+    within the budget), the env steps it had taken by then, and its updates (PPO: one per
+    rollout trained on; SAC: gradient steps), which say whether a slow seed was slow to learn
+    or slow to update."""
 
     seconds: float | None
     env_steps: int
+    updates: int
 
     @property
     def steps_per_s(self) -> float | None:
@@ -72,7 +75,8 @@ def sb3_ppo(budget: float, seed: int) -> Run:
     started = time.perf_counter()
     model.learn(total_timesteps=100_000, callback=Stop())
     seconds = time.perf_counter() - started
-    return Run(seconds if solved[0] else None, model.num_timesteps)
+    rollouts = model.num_timesteps // (model.n_envs * model.n_steps)
+    return Run(seconds if solved[0] else None, model.num_timesteps, rollouts)
 
 
 def sb3_sac(budget: float, seed: int) -> Run:
@@ -100,4 +104,5 @@ def sb3_sac(budget: float, seed: int) -> Run:
     started = time.perf_counter()
     model.learn(total_timesteps=20_000, callback=Stop())
     seconds = time.perf_counter() - started
-    return Run(seconds if solved[0] else None, model.num_timesteps)
+    acting = max(0, model.num_timesteps - model.learning_starts) // model.train_freq.frequency
+    return Run(seconds if solved[0] else None, model.num_timesteps, acting * model.gradient_steps)

@@ -26,9 +26,10 @@
 A single run's ratio swings with either side's luck (0.49 to 1.87 on one machine and code), so
 each online figure is a median over seeds on both sides (PPO 5, SAC 3; ``--seeds`` sets all),
 the sides taking turns to go first seed by seed so that the machine's swings hit both alike.
-``ppo_wall_vs_sb3_worst`` is rlpipe's slowest PPO seed over SB3's median. Each run's seconds and
-env steps are printed, and for each side the median and spread of seconds, env steps to the bar
-(sample efficiency) and env steps a second (throughput).
+``ppo_wall_vs_sb3_worst`` is rlpipe's slowest PPO seed over SB3's median. Each run's seconds,
+env steps and updates are printed, and for each side the median and spread of seconds, env steps
+to the bar (sample efficiency), updates to the bar (a slow seed that needed the usual number of
+updates was slow to update, not to learn) and env steps a second (throughput).
 
 Online seconds are the trainer's own clock (``seconds`` in its metrics: from when it has
 imported torch and built its networks, as SB3's clock starts after its model is built) to the
@@ -239,8 +240,9 @@ def online(run: OnlineRun, root: Path, budget: float, seed: int) -> Run:
         tail = (root / f"train-{name}.log").read_text().splitlines()[-5:]
         print(f"{name} trainer (exit {trainer.returncode}) ended with:", *tail, sep="\n  ")
         records = [m for m in _metrics(run_dir) if m.get(run.key) is not None]
-        return Run(None, int(records[-1].get("env_steps", 0)) if records else 0)
-    return Run(float(reached["seconds"]), int(reached.get("env_steps", 0)))
+        last = records[-1] if records else {}
+        return Run(None, int(last.get("env_steps", 0)), int(last.get("update", 0)))
+    return Run(float(reached["seconds"]), int(reached.get("env_steps", 0)), int(reached["update"]))
 
 
 def _seconds(value: float | None) -> str:
@@ -262,7 +264,7 @@ def _worst(values: list[float | None]) -> float | None:
 
 
 def _side(name: str, runs: list[Run]) -> None:
-    """One side's median and spread of seconds, env steps and steps a second."""
+    """One side's median and spread of seconds, env steps, updates and steps a second."""
 
     def spread(values: list[float | None], unit: str) -> str:
         known = [v for v in values if v is not None]
@@ -276,6 +278,7 @@ def _side(name: str, runs: list[Run]) -> None:
     print(
         f"  {name}: seconds {spread([r.seconds for r in runs], ' s')}; "
         f"env steps {spread([r.env_steps if r.seconds else None for r in runs], '')}; "
+        f"updates {spread([r.updates if r.seconds else None for r in runs], '')}; "
         f"steps/s {spread([r.steps_per_s for r in runs], '')}",
         flush=True,
     )
@@ -367,7 +370,7 @@ def _interleaved(run: OnlineRun, root: Path, budget: float, seeds: int) -> tuple
             last = (ours if side == "rlpipe" else theirs)[-1]
             print(
                 f"{run.algorithm} seed {seed} {side}: {_seconds(last.seconds)}, "
-                f"{last.env_steps} env steps",
+                f"{last.env_steps} env steps, {last.updates} updates",
                 flush=True,
             )
     return ours, theirs
