@@ -31,7 +31,7 @@ class Run:
 
 def _silent(model: Any) -> Any:
     """``model`` with a logger that writes nowhere: SB3's default, at ``verbose=0``, still
-    makes an empty ``SB3-<time>`` folder in the temp directory per run (108 were left here)."""
+    makes an empty ``SB3-<time>`` folder in the temp directory on every ``learn()``."""
     from stable_baselines3.common.logger import Logger
 
     model.set_logger(Logger(folder=None, output_formats=[]))
