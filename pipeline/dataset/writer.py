@@ -367,9 +367,9 @@ class DatasetWriter:
                 os.kill(os.getpid(), 9)
             app = layout.app_id(self.writer_id, segment.path.suffix)
             self._delta[table.name].commit(table.schema, action, app, segment.seq)
-            self.shards_committed += 1
             self.last_commit_seconds = time.perf_counter() - started
             self.last_committed_at = time.time()
+            self.shards_committed += 1  # last: who sees the count sees its commit's time
         segment.path.unlink()
 
     def _tick_loop(self) -> None:
