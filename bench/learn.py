@@ -38,7 +38,8 @@ Server and clients run the whole time. Everything is single-threaded (``OMP_NUM_
 every process, ``torch.set_num_threads(1)`` here), as SB3 is. Every run is capped at
 ``--budget`` seconds; a figure not reached in it is ``null`` in the closing JSON line, and the
 line before it says why.
-Run: ``python bench/learn.py [--budget 300] [--seeds K] [--only ppo,sac,bc,marwil,cql]``.
+Run: ``python bench/learn.py [--budget 300] [--seeds K] [--only ppo,sac,bc,marwil,cql]
+[--keep DIR]``; with ``--keep`` every run's files stay in DIR (a slow seed's metrics say why).
 """
 
 from __future__ import annotations
@@ -443,6 +444,12 @@ def main() -> None:
         default=300.0,
         help="steps a second each Pendulum client takes at most (0: no limit)",
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="work in this empty or new directory and keep it: each online run's dataset "
+        "(live-ALGO-SEED), its trainer's metrics (run-ALGO-SEED) and log, and the clients' spools",
+    )
     client_args = ("ADDRESS", "ENV", "SEED", "SPOOL", "RATE", "INTERVAL")
     parser.add_argument("--client", nargs=6, metavar=client_args, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -455,12 +462,22 @@ def main() -> None:
     torch.set_num_threads(1)  # as every subprocess has OMP_NUM_THREADS=1: 2 shared cores
     only = set(args.only.split(","))
     _machine("before")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        figures = _online_figures(only, root, args)
-        figures.update(_offline_figures(only, root, args.budget, args.seeds or 3))
+    if args.keep is not None:
+        if args.keep.exists() and any(args.keep.iterdir()):
+            parser.error(f"--keep: expected an empty or new directory, got {args.keep} with files")
+        args.keep.mkdir(parents=True, exist_ok=True)
+        figures = _figures(only, args.keep, args)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = _figures(only, Path(tmp), args)
     _machine("after")
     report(figures)
+
+
+def _figures(only: set[str], root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    figures = _online_figures(only, root, args)
+    figures.update(_offline_figures(only, root, args.budget, args.seeds or 3))
+    return figures
 
 
 def _machine(when: str) -> None:
