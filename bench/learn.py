@@ -453,6 +453,9 @@ def main() -> None:
     client_args = ("ADDRESS", "ENV", "SEED", "SPOOL", "RATE", "INTERVAL")
     parser.add_argument("--client", nargs=6, metavar=client_args, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    keep = args.keep
+    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+        parser.error(f"--keep: expected an empty or new directory, got {keep}")
     if args.client:
         address, env_id, seed, spool, rate, interval = args.client
         client(address, env_id, int(seed), Path(spool), float(rate), float(interval))
@@ -463,8 +466,6 @@ def main() -> None:
     only = set(args.only.split(","))
     _machine("before")
     if args.keep is not None:
-        if args.keep.exists() and any(args.keep.iterdir()):
-            parser.error(f"--keep: expected an empty or new directory, got {args.keep} with files")
         args.keep.mkdir(parents=True, exist_ok=True)
         figures = _figures(only, args.keep, args)
     else:
