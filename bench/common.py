@@ -5,6 +5,7 @@ answer."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from typing import Any
@@ -59,6 +60,14 @@ def machine_speed() -> float:
     for i in range(10_000_000):
         total += i
     return time.perf_counter() - started
+
+
+def machine() -> str:
+    """The machine's load and speed as every benchmark prints them beside its figures."""
+    return (
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+        f"1e7 Python additions in {machine_speed():.2f} s"
+    )
 
 
 def report(figures: dict[str, float | None]) -> None:

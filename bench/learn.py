@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import baselines
 from baselines import Run
-from common import machine_speed, report
+from common import machine, report
 
 from pipeline.commands.cli import main as rlpipe
 from pipeline.importers.rllib import read_ray_data
@@ -485,13 +485,7 @@ def _machine(when: str) -> None:
     """The machine's speed, which swings from minute to minute. Every run's seconds swing with
     it, rlpipe's online ones more than SB3's: its clients keep their pace in steps a second, so
     on a slower machine they take a larger share of the 2 cores from the trainer."""
-    speed = machine_speed()
-    load = os.getloadavg()[0]
-    print(
-        f"machine {when}: load average {load:.1f} on {os.cpu_count()} cores; "
-        f"1e7 Python additions in {speed:.2f} s",
-        flush=True,
-    )
+    print(f"machine {when}: {machine()}", flush=True)
 
 
 if __name__ == "__main__":

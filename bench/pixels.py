@@ -337,12 +337,9 @@ def _delivery(url: str, data: Path, seconds: float, server: subprocess.Popen[str
 
 
 def run(seconds: float, delivery_seconds: float) -> None:
-    from common import machine_speed, report
+    from common import machine, report
 
-    print(
-        f"frames 84x84x3 uint8; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-        f"cores; 1e7 Python additions in {machine_speed():.2f} s"
-    )
+    print(f"frames 84x84x3 uint8; {machine()}")
     figures: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory() as tmp:
         np.save(Path(tmp) / "rendered.npy", rendered_frames(512))

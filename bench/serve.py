@@ -326,15 +326,14 @@ def main() -> None:
 
 
 def run(seconds: float, phases: list[str], threads: int | None, poll_stats: bool = False) -> None:
-    from common import machine_speed, report
+    from common import machine, report
 
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         raise SystemExit(f"--only: unknown phases {unknown}; choose from {list(PHASES)}")
     figures: dict[str, float] = {}
     print("clients: CartPole-v1 with disable_env_checker=True (real steps, no per-step type "
-          f"checks); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
-          f"machine speed: 1e7 Python additions in {machine_speed():.2f} s")  # fmt: skip
+          f"checks); {machine()}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         data, port = Path(tmp) / "ds", _free_port()
         _checkpoint(data)

@@ -47,7 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import answers, cartpole_columns, cartpole_spaces, machine_speed, report
+from common import answers, cartpole_columns, cartpole_spaces, machine, report
 
 from pipeline import DatasetWriter, InputReader, WriterConfig
 from pipeline.dataset.location import Location, locate
@@ -159,7 +159,6 @@ class Store:
 
 
 def _serve(store: Store, prefix: str, index: int, port: int) -> subprocess.Popen[bytes]:
-
     location = store.location(prefix)
     process = subprocess.Popen(
         [
@@ -433,11 +432,7 @@ def main() -> None:
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         raise SystemExit(f"--only: unknown phases {unknown}; choose from {list(PHASES)}")
-    print(
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; machine speed: "
-        f"1e7 Python additions in {machine_speed():.2f} s; S3 is moto in server mode "
-        f"on 127.0.0.1"
-    )
+    print(f"{machine()}; S3 is moto in server mode on 127.0.0.1")
     figures: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as name, moto_server(Path(name)) as moto:
         tmp = Path(name)
