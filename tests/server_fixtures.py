@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +90,15 @@ def metric(text: str, sample: str, **labels: str) -> float | None:
             if found.name == sample and found.labels == labels:
                 return float(found.value)
     return None
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> None:
+    """Until ``condition()`` holds, looking every 50 ms; fails naming ``what`` after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ import pyarrow.dataset as ds
 import pytest
 import requests
 from conftest import cartpole_rollout, cartpole_spaces
-from server_fixtures import cartpole_config, metric, running_server
+from server_fixtures import cartpole_config, metric, running_server, wait_for
 
 from pipeline import DatasetWriter, InputReader, StorageError, WriterConfig
 from pipeline.client import PolicyClient
@@ -192,13 +192,6 @@ def play(client: PolicyClient, stop: threading.Event, played: dict[str, int], lo
                 played[episode_id] = t
                 break
     env.close()
-
-
-def wait_for(condition: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_server_on_a_full_disk_answers_503_and_goes_on_once_space_is_freed(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import requests
 from conftest import cartpole_spaces
 from hypothesis import given, settings
 from openapi_contract import check_answer, request_schema, schema, values
-from server_fixtures import cartpole_checkpoint, cartpole_config, running_server
+from server_fixtures import cartpole_checkpoint, cartpole_config, running_server, wait_for
 
 from pipeline.format import codec
 from server import openapi, schemas
@@ -77,10 +76,11 @@ def test_a_client_built_from_the_document_gets_only_documented_answers(tmp_path:
         weights = document["paths"]["/v1/weights"]["get"]
         assert [p["name"] for p in weights["parameters"] if p["in"] == "query"] == ["version"]
         cartpole_checkpoint(data / "checkpoints", 4)
-        deadline = time.monotonic() + 5  # the server looks for a newer one every 50 ms at most
-        while session.get(server.url + "/v1/weights", timeout=5).status_code == 404:
-            assert time.monotonic() < deadline, "the checkpoint was not served within 5 s"
-            time.sleep(0.02)
+        wait_for(  # the server looks for a newer checkpoint every 50 ms at most
+            lambda: session.get(server.url + "/v1/weights", timeout=5).status_code != 404,
+            5.0,
+            "the checkpoint to be served",
+        )
         for query, status in (("", 200), ("?version=4", 304), ("?version=x", 400)):
             answer = session.get(server.url + "/v1/weights" + query, timeout=5)
             assert answer.status_code == status
