@@ -168,10 +168,13 @@ def fleet(
 
 
 @contextmanager
-def balancer(binary: str, directory: Path, addresses: list[str]) -> Iterator[str]:
-    """haproxy on loopback, in front of ``addresses``, with the doc's configuration."""
+def balancer(
+    binary: str, directory: Path, addresses: list[str], text: str | None = None
+) -> Iterator[str]:
+    """haproxy on loopback, in front of ``addresses``, with the configuration ``text`` (default:
+    the doc's); it binds ``${RLPIPE_BIND}`` and names the servers ``${RLPIPE_SERVER_1}``..."""
     config = directory / "haproxy.cfg"
-    config.write_text(haproxy_config())
+    config.write_text(haproxy_config() if text is None else text)
     port = free_port()
     env = {**os.environ, "RLPIPE_BIND": f"127.0.0.1:{port}"}
     env |= {f"RLPIPE_SERVER_{n}": address for n, address in enumerate(addresses, 1)}

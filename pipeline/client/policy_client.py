@@ -66,7 +66,8 @@ class PolicyClient:
         update_interval: seconds between weight pulls in local mode; None pulls only on
             :meth:`update_policy_weights`.
         session: a ``requests.Session`` to reuse (connection pools, proxies, certificates).
-        timeout: seconds for each request; remote calls retry within it.
+        timeout: seconds for each request; remote calls retry within it while the server does
+            not answer (a proxy's 502 or 504 counts as no answer) or answers 503.
         token: the server's bearer token, if it has one; None takes it from the environment
             variable ``RLPIPE_TOKEN`` when set (so it stays out of code and command lines),
             and ``""`` sends none.

@@ -50,6 +50,11 @@ _BY_STATUS: dict[int, type[ServerError]] = {
     409: EpisodeError,
     503: ServerUnavailable,
 }
+# A proxy's answers for a server behind it that gave no answer (502) or none in time (504): the
+# server may be restarting, so these are taken as no answer, and retried as such (a repeat of a
+# numbered call the server acted on writes nothing twice: docs/protocol.md)
+_GATEWAY = frozenset({502, 504})
+_NO_ANSWER_WAIT_S = 0.1  # between tries while the server does not answer
 
 
 def base_url(address: str) -> str:
@@ -73,8 +78,8 @@ class _NoAnswer(Exception):
 
 
 class Http:
-    """Requests with a timeout each, retried while the server does not answer, 503 Retry-After
-    honoured, and typed errors.
+    """Requests with a timeout each, retried while the server does not answer (a proxy's 502 and
+    504 count as no answer), 503 Retry-After honoured, and typed errors.
 
     Without a ``session`` each thread keeps one keep-alive
     :class:`~pipeline.client.connection.Connection`. A step of remote inference is one small
@@ -138,7 +143,8 @@ class Http:
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Reply:
-        """One request, retried on no answer and on 503 until ``patience_s`` (default timeout)."""
+        """One request, retried on no answer (a proxy's 502 or 504 too) and on 503 until
+        ``patience_s`` (default timeout)."""
         deadline = time.monotonic() + (self.timeout if patience_s is None else patience_s)
         sent = {**self.headers, **(headers or {})}
         if json is not None:
@@ -150,11 +156,11 @@ class Http:
             try:
                 response = self._send(method, path, data, sent)
             except _NoAnswer as error:
-                if time.monotonic() + 0.1 >= deadline:
+                if time.monotonic() + _NO_ANSWER_WAIT_S >= deadline:
                     raise ServerUnavailable(None, f"{self.url}: {error}") from None
-                time.sleep(0.1)
+                time.sleep(_NO_ANSWER_WAIT_S)
                 continue
-            if response.status_code == 503:
+            if response.status_code in (503, *_GATEWAY):
                 wait = _retry_after(response)
                 if time.monotonic() + wait < deadline:
                     time.sleep(wait)
@@ -270,6 +276,9 @@ def _close_all(connections: set[Connection]) -> None:
 
 
 def _retry_after(response: Reply) -> float:
+    """The seconds a 503 asks for (1 if it does not say); a proxy's 502 or 504, as no answer."""
+    if response.status_code in _GATEWAY:
+        return _NO_ANSWER_WAIT_S
     try:
         return max(0.0, float(response.headers.get("Retry-After", "1")))
     except ValueError:
@@ -281,8 +290,8 @@ def _error(response: Reply) -> ServerError:
         message = str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         message = response.text[:200] or response.reason
-    if response.status_code == 503:
-        return ServerUnavailable(503, message, _retry_after(response))
+    if response.status_code in (503, *_GATEWAY):
+        return ServerUnavailable(response.status_code, message, _retry_after(response))
     return _BY_STATUS.get(response.status_code, ServerError)(response.status_code, message)
 
 
