@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
+from server_fixtures import wait_for
 
 from server import process
 
@@ -67,10 +67,7 @@ def test_kill_9_of_the_server_stops_its_worker(tmp_path: Path) -> None:
     assert workers
     server.kill()
     server.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
-        time.sleep(0.05)
-    assert not any(_alive(pid) for pid in workers)
+    wait_for(lambda: not any(_alive(pid) for pid in workers), 10, "the workers to exit")
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{address}/v1/health", timeout=5)
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import requests
-from server_fixtures import ROOT, answers, free_port, metric
+from server_fixtures import ROOT, answers, free_port, metric, wait_for
 
 from pipeline.client import PolicyClient
 
@@ -390,12 +390,11 @@ def test_adopted_episodes_are_reaped_when_idle_counting_from_the_restart(tmp_pat
         server.start()
         _post(server, "/episodes/busy/end", {"request": 2, "observation": [0.1] * 4})
         health = f"http://{server.address}/v1/health"
-        deadline = time.monotonic() + 20
-        while (
-            requests.get(health, timeout=5).json()["open_episodes"] and time.monotonic() < deadline
-        ):
-            time.sleep(0.2)
-        assert requests.get(health, timeout=5).json()["open_episodes"] == 0
+        wait_for(
+            lambda: requests.get(health, timeout=5).json()["open_episodes"] == 0,
+            20,
+            "no episode open",
+        )
     episodes = pd.read_parquet(server.data / "episodes").set_index("episode_id")
     assert episodes["end_reason"].to_dict() == {"busy": "terminated", "idle": "closed"}
     steps = pd.read_parquet(server.data / "steps").set_index("episode_id")
@@ -426,10 +425,9 @@ def test_a_vector_env_across_kills(tmp_path: Path) -> None:
 
 def _wait_for_steps(server: Server, n: int) -> None:
     """Until the server has accepted ``n`` steps since it started."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def accepted() -> float:
         text = requests.get(f"http://{server.address}/v1/metrics", timeout=5).text
-        if (metric(text, "rlpipe_steps_accepted_total") or 0) >= n:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the server did not accept {n} steps in 60 s")
+        return metric(text, "rlpipe_steps_accepted_total") or 0
+
+    wait_for(lambda: accepted() >= n, 60, f"the server to accept {n} steps")

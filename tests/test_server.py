@@ -26,6 +26,7 @@ from server_fixtures import (
     metric,
     running_server,
     start_serve_process,
+    wait_for,
 )
 
 from pipeline.format import codec, spaces
@@ -404,9 +405,7 @@ def test_idle_and_open_episodes_are_closed_as_truncated(tmp_path: Path) -> None:
     with running_server(cartpole_config(data, idle_timeout_s=0.3)) as server:
         _post(server.url, "/v1/episodes", {"episode_id": "idle", "seed": 1, "options": {"a": 1}})
         _post(server.url, "/v1/episodes/idle/actions", {"observation": OBS})
-        deadline = time.monotonic() + 5
-        while len(server.service.episodes) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: not len(server.service.episodes), 5, "the idle episode's close")
         answer = _post(server.url, "/v1/episodes/idle/actions", {"observation": OBS})
         assert answer.status_code == 409
         _post(server.url, "/v1/episodes", {"episode_id": "open"})
