@@ -54,6 +54,7 @@ _BY_STATUS: dict[int, type[ServerError]] = {
 # server may be restarting, so these are taken as no answer, and retried as such (a repeat of a
 # numbered call the server acted on writes nothing twice: docs/protocol.md)
 _GATEWAY = frozenset({502, 504})
+_WAITED_OUT = _GATEWAY | {503}  # retried within the call's patience
 _NO_ANSWER_WAIT_S = 0.1  # between tries while the server does not answer
 
 
@@ -160,7 +161,7 @@ class Http:
                     raise ServerUnavailable(None, f"{self.url}: {error}") from None
                 time.sleep(_NO_ANSWER_WAIT_S)
                 continue
-            if response.status_code in (503, *_GATEWAY):
+            if response.status_code in _WAITED_OUT:
                 wait = _retry_after(response)
                 if time.monotonic() + wait < deadline:
                     time.sleep(wait)
@@ -290,7 +291,7 @@ def _error(response: Reply) -> ServerError:
         message = str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         message = response.text[:200] or response.reason
-    if response.status_code in (503, *_GATEWAY):
+    if response.status_code in _WAITED_OUT:
         return ServerUnavailable(response.status_code, message, _retry_after(response))
     return _BY_STATUS.get(response.status_code, ServerError)(response.status_code, message)
 
