@@ -170,7 +170,8 @@ class EpisodeError(ServerError):
 
 
 class ServerUnavailable(ServerError):
-    """The server did not answer, or kept answering 503, for longer than the timeout."""
+    """The server did not answer, or kept answering 503 (or a proxy 502 or 504), for longer than
+    the timeout."""
 
     def __init__(self, status: int | None, message: str, retry_after: float = 1.0) -> None:
         super().__init__(status, message)
