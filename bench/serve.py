@@ -332,8 +332,10 @@ def run(seconds: float, phases: list[str], threads: int | None, poll_stats: bool
     if unknown:
         raise SystemExit(f"--only: unknown phases {unknown}; choose from {list(PHASES)}")
     figures: dict[str, float] = {}
-    print("clients: CartPole-v1 with disable_env_checker=True (real steps, no per-step type "
-          f"checks); {machine()}")  # fmt: skip
+    print(
+        "clients: CartPole-v1 with disable_env_checker=True (real steps, no per-step type "
+        f"checks); {machine()}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         data, port = Path(tmp) / "ds", _free_port()
         _checkpoint(data)
