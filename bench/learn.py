@@ -20,8 +20,8 @@
   SB3's SAC does, but no more than it has time for. Figure: seconds until the evaluation return
   reaches -200, over SB3 SAC's (``sac_wall_vs_sb3``).
 - BC and MARWIL on RLlib's recorded CartPole (``cartpole-v1_large``), CQL on RLlib's recorded
-  Pendulum (``pendulum-v1_enormous``), offline through ``rlpipe train``: the evaluation return,
-  the worst of 3 seeds.
+  Pendulum (``pendulum-v1_enormous``), offline through ``rlpipe train``: the best evaluation
+  return within 60 s (CQL: 150 s) or at the stop (500; CQL -150), the worst of 3 seeds.
 
 A single run's ratio swings with either side's luck (0.49 to 1.87 on one machine and code), so
 each online figure is a median over seeds on both sides (PPO 5, SAC 3; ``--seeds`` sets all),
@@ -401,7 +401,11 @@ def _offline_figures(only: set[str], root: Path, budget: float, seeds: int) -> d
         # its dynamics on obs -> new_obs show the torque applied was twice the logged value
         data = rllib_dataset(pendulum, root / "rllib-pendulum", "Pendulum-v1", 200,
                              actions_normalized=True)  # fmt: skip
-        scores = [offline("cql", data, root, budget, -150.0, seed) for seed in range(seeds)]
+        # 150 s: seeds 0-1 pass -150 at 56 s and 84 s; seed 2 levels off at -170 after 100 s
+        # and would spend the rest of the budget there (a third of the benchmark's time)
+        scores = [
+            offline("cql", data, root, min(budget, 150.0), -150.0, seed) for seed in range(seeds)
+        ]
         print(f"CQL on RLlib Pendulum: eval return {_scores(scores)} (RLlib's test asks -700)",
               flush=True)  # fmt: skip
         figures["cql_rllib_pendulum_return"] = _least(scores)
