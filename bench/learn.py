@@ -410,7 +410,7 @@ def _offline_figures(only: set[str], root: Path, budget: float, seeds: int) -> d
         data = rllib_dataset(pendulum, root / "rllib-pendulum", "Pendulum-v1", 200,
                              actions_normalized=True)  # fmt: skip
         # 150 s: seeds 0-1 pass -150 at 56 s and 84 s; seed 2 levels off at -170 after 100 s
-        # and would spend the rest of the budget there (a third of the benchmark's time)
+        # and spent the rest of the 300 s budget there, a sixth of the whole benchmark
         scores = [
             offline("cql", data, root, min(budget, 150.0), -150.0, seed) for seed in range(seeds)
         ]
