@@ -77,10 +77,8 @@ ANCHOR = ROOT.parent / "shared" / "anchor-data" / "rllib-test-data"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 ENVS_PER_CLIENT = 4  # simulators a client process steps in turn, as SB3 steps its 8 envs
 # Client processes run at this niceness, as docs/deploy.md advises simulators sharing the
-# trainer's cores to: they take the CPU the trainer leaves, and its updates are the scarce thing.
-# Measured (PPO, seeds 400-419 a side, alternated): 10.6 updates a second against 6.9 at
-# niceness 0, the clients still playing 5,273 steps a second against 5,503, and seconds to 475
-# median 8.9 against 12.4
+# trainer's cores to: they take the CPU the trainer leaves, and its updates are the scarce thing
+# (the measurement is there, "Simulators beside the trainer")
 CLIENT_NICENESS = 10
 
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = (("local", 1), ("local", 2), ("remote", 3), ("remote", 4))
 SOLVED = 475.0
 # RL-Zoo's CartPole PPO settings: small updates, many of them (bench/learn.py, racing SB3's
-# wall time, waits for 128 new rows an update and keeps GAE's lambda at 0.95; see its PPO_OPTIONS)
+# wall time, waits for 128 new rows an update and keeps GAE's lambda at 0.95; see its PPO_SETTINGS)
 PPO_OPTIONS = ("--batch-size", "256", "--lr", "1e-3", "--gamma", "0.98", "--gae-lambda", "0.8",
                "--update-epochs", "20", "--num-minibatches", "1",
                "--anneal-updates", "390")  # fmt: skip
