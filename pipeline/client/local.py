@@ -233,12 +233,12 @@ class LocalInference:
         episode = self.episode(episode_id)
         if multiagent:
             return self._step_agents(episode, observation, action)
-        batch, current, state, row = self._observe(episode, observation, None)
+        current, state, row = self._observe(episode, observation, None)
         logged = None if action is None else self._logged([action], _ACTION)[0]
         chosen = logp = version = None
         if not state.terminated:  # flagged done, the agent acts no more
             if logged is None:
-                (chosen,), (logp,), version = self._chosen(batch, [0])
+                chosen, logp, version = self._chosen_one(current)
             else:
                 chosen = logged
         self.rows.add([row] if row is not None else [])
@@ -289,7 +289,7 @@ class LocalInference:
             self.rows.add(done.rows, done.summaries)
             recorder.commit(steps, done, [], [], None)
         else:  # the episode goes: the agent need not advance
-            row = self._observe(episode, observation, end)[3]
+            row = self._observe(episode, observation, end)[2]
             rows = [row] if row is not None else []
             self.rows.add(rows, recorder.summary_rows(episode, end, rows, _ALONE))
         del self._episodes[episode_id]
@@ -305,15 +305,14 @@ class LocalInference:
 
     def _observe(
         self, episode: Episode, observation: Any, end: str | None
-    ) -> tuple[Any, Any, AgentState, tuple[Any, ...] | None]:
-        """A single agent's observation checked (refused here, naming the field): as a batch,
-        as the env gave it, the agent's state, and the row it completes by the step core's rule
+    ) -> tuple[Any, AgentState, tuple[Any, ...] | None]:
+        """A single agent's observation checked (refused here, naming the field) as the env
+        gave it, the agent's state, and the row it completes by the step core's rule
         (:func:`~pipeline.recording.recorder.completed_row`), nothing changed."""
         episode.check_form(False)
-        batch = batches.checked(self.observation_space, [observation], _OBSERVATION)
-        state, current = episode.seen(_AGENT), batches.rows_of(batch)[0]
+        current = batches.one(self.observation_space, observation, _OBSERVATION)
+        state = episode.seen(_AGENT)
         return (
-            batch,
             current,
             state,
             recorder.completed_row(
@@ -336,6 +335,14 @@ class LocalInference:
         """Logged actions, checked (refused here, naming the field), as the env takes them."""
         checked = batches.checked(self.action_space, values, names)
         return [batches.row_of(checked, i) for i in range(len(values))]
+
+    def _chosen_one(self, observation: Any) -> tuple[Any, float | None, int | None]:
+        """:meth:`_chosen` for one observation, as the env gave it (a single agent's step)."""
+        policy = self.policy
+        if policy is None:
+            return self._random_action(), None, None
+        action, logp = policy.act_one(observation, self._rng)
+        return action, logp, policy.version
 
     def _chosen(self, observations: Any, acting: list[int]) -> tuple[list[Any], list[Any], Any]:
         """The policy's actions for rows ``acting`` of a batch of observations, with their

@@ -40,22 +40,35 @@ def checked(space: gym.Space[Any], values: Sequence[Any], names: Sequence[str] |
     raise SchemaError(problems)
 
 
+def one(space: gym.Space[Any], value: Any, name: str) -> Any:
+    """One value checked, as the env takes it (:func:`row_of` of a batch of one): a local
+    client's every step, kept short for the common case, an env's own array."""
+    row = _plain_row(space, value)
+    return row if row is not None else row_of(checked(space, [value], name), 0)
+
+
 def _one_array(space: gym.Space[Any], values: Sequence[Any]) -> np.ndarray | None:
-    """One observation as an env hands it out (an array of the space's dtype and shape)
-    as a batch of one, copied (an env may reuse its array); None for anything else. A few
-    values are checked finite in Python: numpy's two calls would cost more than the check."""
-    if len(values) != 1 or type(value := values[0]) is not np.ndarray:
+    """One observation as an env hands it out as a batch of one (see :func:`_plain_row`)."""
+    if len(values) != 1:
         return None
-    if not isinstance(space, gym.spaces.Box) or value.dtype != space.dtype:
+    row = _plain_row(space, values[0])
+    return None if row is None else row[None]
+
+
+def _plain_row(space: gym.Space[Any], value: Any) -> np.ndarray | None:
+    """An array of a Box's dtype and shape, copied (an env may reuse its array); None for
+    anything else. A few values are checked finite in Python: numpy's two calls would cost
+    more than the check."""
+    if type(value) is not np.ndarray or not isinstance(space, gym.spaces.Box):
         return None
-    if value.shape != space.shape:
+    if value.dtype != space.dtype or value.shape != space.shape:
         return None
     if space.dtype.kind in "iub":  # every value of the dtype is kept (bounds are not enforced)
-        return value[None].copy()
+        return value.copy()
     finite = (
         all(map(math.isfinite, value.tolist())) if value.size <= 16 else np.isfinite(value).all()
     )
-    return value[None].copy() if finite else None
+    return value.copy() if finite else None
 
 
 def _each(space: gym.Space[Any], values: Sequence[Any], names: Sequence[str]) -> list[Problem]:
