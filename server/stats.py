@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -65,8 +66,8 @@ class Stats:
     def ended(self, summaries: list[dict[str, Any]], version: int | None) -> None:
         """Episodes the server ended (remote inference): their summary rows, and the version
         acting when they ended."""
-        for row in summaries:
-            self._keep(
+        self._keep(
+            [
                 Ended(
                     row["ended_at"].timestamp(),
                     row["episode_id"],
@@ -77,14 +78,25 @@ class Stats:
                     int(row["length"]),
                     row["end_reason"],
                 )
-            )
+                for row in summaries
+            ],
+            version,
+        )
 
-    def _keep(self, episode: Ended) -> None:
-        """One ended episode, in the table and the figures (appends and dict look-ups, atomic
-        in CPython: the page's reads need no lock)."""
-        self.episodes.append(episode)
-        _group(self.by_version, episode.policy_version).append(episode)
-        _group(self.by_time, episode.ended_at // BIN_S * BIN_S).append(episode)
+    def _keep(self, ended: list[Ended], version: int | None) -> None:
+        """Episodes that ended (with policy ``version`` acting), in the table and the figures:
+        appends and dict look-ups, atomic in CPython (the page's reads need no lock), a group
+        at a time (an upload ends a few hundred episodes, most in one time bin)."""
+        if not ended:
+            return
+        self.episodes.extend(ended[-SHOWN_EPISODES:])
+        _group(self.by_version, version).extend(ended)
+        bins = [episode.ended_at // BIN_S * BIN_S for episode in ended]
+        if min(bins) == max(bins):
+            _group(self.by_time, bins[0]).extend(ended)
+            return
+        for episode, start in zip(ended, bins, strict=True):
+            _group(self.by_time, start).append(episode)
 
     def uploaded(self, client_id: str, tables: dict[str, pa.Table]) -> None:
         """A local-inference client's stored upload: the client is connected, its episodes are
@@ -95,8 +107,8 @@ class Stats:
         steps = tables.get(layout.STEPS)
         version = self.local_versions.get(client_id, (None, 0.0))[0]
         if steps is not None and steps.num_rows:
-            for episode_id in pc.unique(steps.column("episode_id")).to_pylist():
-                self.local_open[episode_id] = now
+            seen = pc.unique(steps.column("episode_id")).to_pylist()
+            self.local_open.update(dict.fromkeys(seen, now))
             _bound(self.local_open)
             if "policy_version" in steps.column_names:
                 low = pc.min(steps.column("policy_version")).as_py()
@@ -108,25 +120,23 @@ class Stats:
         if summaries is not None and summaries.num_rows:
             # column by column: a datetime per row made this a seventh of a busy server's time
             micros = summaries.column("ended_at").cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+            ids, returns, lengths, reasons = (
+                summaries.column(name).to_pylist() for name in _SUMMARY
+            )
+            deque(map(self.local_open.pop, ids, repeat(None)), maxlen=0)  # each, in C
+            n = len(ids)
             columns = zip(
                 (micros.to_numpy() / 1e6).tolist(),
-                *(summaries.column(name).to_pylist() for name in _SUMMARY),
+                ids,
+                [client_id] * n,
+                [LOCAL] * n,
+                [version] * n,
+                returns,
+                lengths,
+                reasons,
                 strict=True,
             )
-            for ended_at, episode_id, episode_return, length, reason in columns:
-                self.local_open.pop(episode_id, None)
-                self._keep(
-                    Ended(
-                        ended_at,
-                        episode_id,
-                        client_id,
-                        LOCAL,
-                        version,
-                        episode_return,
-                        length,
-                        reason,
-                    )
-                )
+            self._keep(list(map(Ended._make, columns)), version)
 
     def refused(self, status: int, route: str, body: Any) -> None:
         """A refused request (status >= 400) and the message it was answered with."""

@@ -120,8 +120,10 @@ class Stepper:
         """The actions of the rows that act: logged ones as given, the rest from one forward
         pass over their observations."""
         logged = steps.actions
-        chosen = [i for i in acting if logged is None or logged[i] is None]
-        actions, logp, version = self._service.runner.act(batches.take(steps.observations, chosen))
+        chosen = acting if logged is None else [i for i in acting if logged[i] is None]
+        everyone = len(chosen) == len(steps)  # then the batch is the rows, in order
+        observations = steps.observations if everyone else batches.take(steps.observations, chosen)
+        actions, logp, version = self._service.runner.act(observations)
         if logged is None:
             return actions, logp, version
         by_row = dict(zip(chosen, zip(actions, logp, strict=True), strict=True))

@@ -119,11 +119,12 @@ class RowEncoder:
             types = set(map(type, values))
             if not types <= _TYPES[kind] or (required and _NONE in types):
                 values = self._scalars(i, kind, required, values)
-            present = [value for value in values if value is not None]
-            if kind == "int" and present and not _MIN <= min(present) <= max(present) <= _MAX:
-                raise ValueError(f"column {self.names[i]!r}: beyond int64")
-            if kind == "float" and not math.isfinite(sum(v for v in values if v is not None)):
-                raise ValueError(f"column {self.names[i]!r}: NaN or infinity")
+            if kind == "int" or kind == "float":
+                present = values if _NONE not in types else [v for v in values if v is not None]
+                if kind == "float" and not math.isfinite(sum(present)):
+                    raise ValueError(f"column {self.names[i]!r}: NaN or infinity")
+                if kind == "int" and present and not _MIN <= min(present) <= max(present) <= _MAX:
+                    raise ValueError(f"column {self.names[i]!r}: beyond int64")
             return values
         if kind == "text":
             return [json_text(value) for value in values]
