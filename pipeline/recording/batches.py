@@ -40,7 +40,7 @@ def checked(space: gym.Space[Any], values: Sequence[Any], names: Sequence[str] |
     raise SchemaError(problems)
 
 
-def one(space: gym.Space[Any], value: Any, name: str) -> Any:
+def one(space: gym.Space[Any], value: Any, name: Sequence[str] | str) -> Any:
     """One value checked, as the env takes it (:func:`row_of` of a batch of one): a local
     client's every step, kept short for the common case, an env's own array."""
     row = _plain_row(space, value)
