@@ -16,6 +16,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ ENCODERS = ("flat", "cnn")  # flattened values, or the CNN of pipeline.policy.en
 ACTIVATIONS = ("tanh", "relu")
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC's clamp (Haarnoja et al. 2018, reference code)
 _SPEC_KEY = "__spec__"
+_LOADING = threading.Lock()  # see load_arrays
 _NAME_RE = re.compile(r"^policy-(?P<version>\d{8})\.npz$")
 
 
@@ -135,12 +137,25 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if match is None:
         raise DatasetError(f"{path}: not a checkpoint (expected a name like policy-00000001.npz)")
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        arrays = load_arrays(path)
         spec = ModelSpec.from_json(json.loads(arrays.pop(_SPEC_KEY).tobytes().decode()))
     except (OSError, ValueError, KeyError) as error:
         raise DatasetError(f"{path}: unreadable checkpoint ({error!r})") from None
     return Checkpoint(int(match["version"]), spec, arrays)
+
+
+def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file (arrays only: nothing pickled is read).
+
+    Raises:
+        OSError, ValueError: the file cannot be read as arrays.
+    """
+    # numpy parses each array's header with ast.literal_eval, and CPython 3.11's parser keeps
+    # its recursion depth per interpreter: two threads parsing at once can raise SystemError
+    # ("AST constructor recursion depth mismatch", python/cpython#106905). Clients in threads
+    # of one process load checkpoints at once, so loads here take turns.
+    with _LOADING, np.load(path, allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
 
 
 def latest_checkpoint(path: str | Path) -> Path | None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import DatasetError
-from pipeline.policy.checkpoint import save_arrays
+from pipeline.policy.checkpoint import load_arrays, save_arrays
 
 STATE_FILE = "trainer-state.npz"
 PROGRESS = "run.progress"  # the key of the Progress in the state file; no trainer's module name
@@ -100,8 +100,7 @@ def save_state(directory: str | Path, arrays: dict[str, np.ndarray]) -> Path:
 
 def load_state(path: str | Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
+        return load_arrays(path)
     except (OSError, ValueError) as error:
         raise DatasetError(f"{path}: unreadable trainer state ({error!r})") from None
 
