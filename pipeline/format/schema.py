@@ -18,7 +18,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -277,6 +276,8 @@ def _convert_generic(field: pa.Field, values: Any, from_pandas: bool = True) -> 
             if all(map(_aware, values)):  # the step core's times: pandas took half a summary build
                 return pa.array(values, type=field.type)
             # datetimes, numpy datetime64 and ISO strings alike; naive times are taken as UTC
+            import pandas as pd  # here alone: a client's process never loads it
+
             stamps = pd.to_datetime(pd.Series(values, dtype=object), utc=True, format="ISO8601")
             return pa.array(stamps, type=field.type)
         return pa.array(values, type=field.type, from_pandas=from_pandas)
