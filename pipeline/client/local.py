@@ -347,12 +347,12 @@ class LocalInference:
     def _chosen(self, observations: Any, acting: list[int]) -> tuple[list[Any], list[Any], Any]:
         """The policy's actions for rows ``acting`` of a batch of observations, with their
         log-probabilities (uniform ones, before any policy)."""
+        if len(acting) == 1 and type(observations) is np.ndarray:
+            action, logp, version = self._chosen_one(observations[acting[0]])
+            return [action], [logp], version
         policy = self.policy
         if policy is None:
             return [self._random_action() for _ in acting], [None] * len(acting), None
-        if len(acting) == 1 and type(observations) is np.ndarray:
-            action, logp = policy.act_one(observations[acting[0]], self._rng)
-            return [action], [logp], policy.version
         chosen, logps = policy.act(batches.take(observations, acting), self._rng)
         actions = [batches.row_of(chosen, n) for n in range(len(acting))]
         return actions, [float(lp) for lp in logps], policy.version
