@@ -190,10 +190,12 @@ def worker_bare(url: str, seconds: float, start_at: float, seed: int) -> dict[st
 
 
 def bare_server(port: int, kind: str) -> None:
-    """A route answering empty JSON on granian with ``rlpipe serve``'s settings: through Flask
-    (``kind="flask"``), or a plain WSGI function reading the body as the fast path does."""
+    """A route answering empty JSON on granian with ``rlpipe serve``'s settings (its request
+    threads on one CPU among them): through Flask (``kind="flask"``), or a plain WSGI function
+    reading the body as the fast path does."""
     from flask import Flask, jsonify
 
+    from server import affinity
     from server.host import run_wsgi
 
     app = Flask("bare")
@@ -204,7 +206,9 @@ def bare_server(port: int, kind: str) -> None:
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", "2")])
         return [b"{}"]
 
-    run_wsgi(lambda: app if kind == "flask" else plain, "127.0.0.1", port, threads=8)
+    cpus = affinity.allowed()  # the CPU rlpipe serve's --cpu auto takes on a machine of its own
+    cpu = max(cpus) if len(cpus) > 1 else None
+    run_wsgi(lambda: app if kind == "flask" else plain, "127.0.0.1", port, threads=8, cpu=cpu)
 
 
 WORKERS = {"remote": worker_remote, "vector": worker_vector, "local": worker_local,

@@ -7,11 +7,12 @@ request bounds the steps per second. With 8 clients on 2 cores waitress (pure Py
 One worker, never more: open episodes and the dataset writer's log live in the app's memory, so
 a second worker would split episodes between two writers. Granian's supervisor is this process:
 it binds the socket and forks the worker, which builds the app (so the writer's threads start
-after the fork), serves it from ``threads`` Python threads, and closes it (open episodes ended
-as truncated, shards committed) when the supervisor is told to stop (SIGINT, SIGTERM). On Linux
-the worker dies with the supervisor (``PR_SET_PDEATHSIG``), so ``kill -9`` of ``rlpipe serve``
-stops serving at once; a killed server's log is recovered by the next writer on the directory.
-With ``tls``, granian serves HTTPS (rustls) from the same worker.
+after the fork), serves it from ``threads`` Python threads (on one CPU: :mod:`server.affinity`),
+and closes it (open episodes ended as truncated, shards committed) when the supervisor is told
+to stop (SIGINT, SIGTERM). On Linux the worker dies with the supervisor (``PR_SET_PDEATHSIG``),
+so ``kill -9`` of ``rlpipe serve`` stops serving at once; a killed server's log is recovered by
+the next writer on the directory. With ``tls``, granian serves HTTPS (rustls) from the same
+worker.
 
 Two things about granian's worker the code below is built around. It listens only after the app's
 loader has returned, so the loader cannot announce the address: a client connecting at once would
@@ -26,6 +27,7 @@ once a connection is accepted.
 from __future__ import annotations
 
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError, RlpipeError
+from server import affinity
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -107,22 +110,29 @@ def serve(
     threads: int,
     announce: Callable[[str], None],
     tls: Tls | None = None,
+    cpu: affinity.Choice = affinity.AUTO,
 ) -> None:
     """Serve ``config``'s app on ``host:port`` (0: a free port) until SIGINT or SIGTERM, over
-    HTTPS with ``tls``.
+    HTTPS with ``tls``, its request threads on one CPU as ``cpu`` says (:mod:`server.affinity`).
 
     ``announce(url)`` runs in the worker once the app is built and the port listens, with the
     port the OS picked when ``port`` is 0.
 
     Raises:
-        ConfigError: granian is missing, the TLS files cannot be used, or the port is taken.
+        ConfigError: granian is missing, the TLS files cannot be used, the port is taken, or
+            ``cpu`` names a CPU this process may not run on.
         DatasetError: the dataset cannot be served (checked before anything listens).
         SystemExit: with status 1, when the worker failed (it printed why).
     """
     if tls is not None:
         tls.check()
-    _check_dataset(config)
-    run_wsgi(partial(_build, config), host, port, threads, announce, tls)
+    pinned, holder = affinity.claim(cpu)  # held until this process and its worker end
+    try:
+        _check_dataset(config)
+        run_wsgi(partial(_build, config), host, port, threads, announce, tls, pinned)
+    finally:
+        if holder is not None:
+            holder.close()
 
 
 def run_wsgi(
@@ -132,9 +142,11 @@ def run_wsgi(
     threads: int,
     announce: Callable[[str], None] = lambda url: None,
     tls: Tls | None = None,
+    cpu: int | None = None,
 ) -> None:
     """Serve the WSGI app that ``load()`` builds in the worker, until SIGINT or SIGTERM, over
-    HTTPS with ``tls``; ``announce(url)`` runs in the worker once a connection is accepted."""
+    HTTPS with ``tls``, each request thread pinned to ``cpu`` (None: unpinned);
+    ``announce(url)`` runs in the worker once a connection is accepted."""
     try:
         from granian import Granian
         from granian.constants import Interfaces
@@ -163,7 +175,7 @@ def run_wsgi(
     server.on_startup(holder.close)  # granian has bound the port by then
     worker = partial(_worker, Granian._spawn_wsgi_worker)
     served = (host, holder.getsockname()[1])
-    loader = partial(_load, load, announce, url, served, os.getpid())
+    loader = partial(_load, load, announce, url, served, os.getpid(), cpu)
     server.serve(spawn_target=worker, target_loader=loader)
 
 
@@ -224,6 +236,7 @@ def _load(
     url: str,
     served: tuple[str, int],
     supervisor: int,
+    cpu: int | None,
     _target: str,
 ) -> WsgiApp:
     """The app, in the worker, which takes SIGINT and SIGTERM on one thread from here on.
@@ -234,6 +247,9 @@ def _load(
     _die_with(supervisor)
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     app = load()
+    if cpu is not None:
+        app = affinity.OneCpu(app, cpu)
+        logging.getLogger("rlpipe.server").info("request threads on CPU %d", cpu)
     listening = threading.Event()
     threading.Thread(
         target=_relay_stops, args=(listening,), name="rlpipe-stops", daemon=True
