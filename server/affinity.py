@@ -77,8 +77,7 @@ def claim(wanted: Choice, namespace: str = NAMESPACE) -> tuple[int | None, socke
         holder = _hold(f"\0{namespace}-{cpu}")
         if holder is not None:
             return cpu, holder
-    _log.info("every CPU is held by another rlpipe server: request threads left unpinned")
-    return None, None
+    return None, None  # every CPU held (said nothing: this runs before the port is checked)
 
 
 def allowed() -> set[int]:
