@@ -162,7 +162,7 @@ def _run(
         for episode_id, start in zip(request.episode_ids, starts, strict=True):
             if start is not None:
                 episode = _episode(service, episode_id, start, remote_addr)
-                episode, created = service.journal.start(episode)
+                episode, created = service.journal.start(episode, record=False)
                 if created:
                     started.append(episode)
         return service.stepper.submit(request)

@@ -5,13 +5,15 @@ the dataset's log, but their pending steps, accrued rewards and retry memory are
 journal makes them as durable as the rows: each server appends JSON lines
 (:mod:`server.records`) to ``DATASET/_journal/<writer>/journal-<n>.jsonl``:
 
-- ``start``, ``drop`` (a refused batch withdrew an episode it opened) and ``returns``
-  (log_returns), each written before its answer;
-- ``pass``: a step pass's requests and actions, written *before* its rows (an intent), and
-  ``close`` (an idle or shut-down episode closed), likewise; ``abort`` after one whose write
-  failed. Records are written in order under one lock, and a pass holds it from its intent until
-  its episodes have advanced, so only the journal's last record can be an intent whose rows
-  may not have landed: :mod:`server.revival` looks for them in the dataset.
+- ``start`` (an episode started on its own), ``drop`` (a refused request withdrew an episode
+  a record holds) and ``returns`` (log_returns), each written before its answer;
+- ``pass``: a step pass's requests, with the starts of the episodes a batch opens (so a
+  batch writes one record, not one more per episode it opens), and its actions, written
+  *before* its rows (an intent), and ``close`` (an idle or shut-down episode closed),
+  likewise; ``abort`` after one whose write failed. Records are written in order under one
+  lock, and a pass holds it from its intent until its episodes have advanced, so only the
+  journal's last record can be an intent whose rows may not have landed:
+  :mod:`server.revival` looks for them in the dataset.
 
 Under ``--sync always`` each record is fsynced before the rows or the answer that depend on it;
 under ``background`` a thread fsyncs the journal every ``sync_interval_s``, as the writer does
@@ -29,7 +31,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -97,8 +99,13 @@ class Journal:
 
     # --- what the server records ---------------------------------------------------------------
 
-    def start(self, episode: Episode) -> tuple[Episode, bool]:
-        """:meth:`EpisodeBook.start`, recorded when it opens the episode."""
+    def start(self, episode: Episode, record: bool = True) -> tuple[Episode, bool]:
+        """:meth:`EpisodeBook.start`, recorded when it opens the episode; a batch's start
+        (``record`` False) is recorded with the batch's pass (:meth:`stepping`), so a request
+        that starts episodes writes one record, and waits for no pass under way."""
+        if not record:
+            episode.recorded = False
+            return self._book.start(episode)
         with self.lock:
             episode, created = self._book.start(episode)
             if not created:
@@ -112,8 +119,11 @@ class Journal:
         raise failed
 
     def withdraw(self, episode: Episode) -> None:
-        """:meth:`EpisodeBook.withdraw`, recorded (a replay withdraws it on the same terms)."""
+        """:meth:`EpisodeBook.withdraw`, recorded if its start was (a replay withdraws it on
+        the same terms)."""
         self._book.withdraw(episode)
+        if not episode.recorded:
+            return
         with self.lock, contextlib.suppress(ApiError):  # then the next write's roll drops it
             self._write({"k": "drop", "id": episode.episode_id})
 
@@ -122,14 +132,17 @@ class Journal:
         snapshot never holds it twice; one it refuses is refused again on replay."""
         doc = [returns.rewards, returns.infos, returns.dones]
         with self.lock:
+            if not episode.recorded:  # a batch opened it, and its pass has not run yet
+                self._write({"k": "start", "e": records.start_doc(episode)})
+                episode.recorded = True
             self._write({"k": "returns", "id": episode.episode_id, "r": doc})
             episode.add_returns(returns)
 
     def stepping(
         self, requests: list[Request], actions: list[Any], logp: list[Any], version: int | None
     ) -> AbstractContextManager[None]:
-        """Record a step pass before its rows are written; the body writes them and advances
-        the episodes, under the journal's lock."""
+        """Record a step pass, with the starts of the episodes it opens, before its rows are
+        written; the body writes them and advances the episodes, under the journal's lock."""
         doc = {
             "k": "pass",
             "at": time.time(),
@@ -138,7 +151,8 @@ class Journal:
             "l": logp,
             "v": version,
         }
-        return self._intent(doc)
+        opened = [e for request in requests for e in request.steps.touched if not e.recorded]
+        return self._intent(doc, opened)
 
     def closing(self, episode: Episode, reason: str) -> AbstractContextManager[None]:
         """Record that an episode is closed, before its rows are written (as :meth:`stepping`)."""
@@ -146,7 +160,7 @@ class Journal:
         return self._intent(doc)
 
     @contextmanager
-    def _intent(self, doc: dict[str, Any]) -> Iterator[None]:
+    def _intent(self, doc: dict[str, Any], opened: Sequence[Episode] = ()) -> Iterator[None]:
         with self.lock:
             self._write(doc)
             try:
@@ -155,6 +169,8 @@ class Journal:
                 with contextlib.suppress(ApiError):  # failed: the next write rolls past it
                     self._write({"k": "abort"})  # the rows were refused: nothing of it holds
                 raise
+            for episode in opened:  # its start held: snapshots hold the episode from now on
+                episode.recorded = True
 
     # --- files -----------------------------------------------------------------------------------
 
@@ -185,9 +201,9 @@ class Journal:
         self._number += 1
         path = self.directory / f"journal-{self._number:08d}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        snapshot = {
+        snapshot = {  # not the episodes a batch opened before its pass has recorded them
             "k": "snapshot",
-            "episodes": [records.episode_doc(e) for e in self._book.all_open()],
+            "episodes": [records.episode_doc(e) for e in self._book.all_open() if e.recorded],
             "ended": self._book.recently_ended(REMEMBER_ENDED),
         }
         line = records.dumps(snapshot)

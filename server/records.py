@@ -155,6 +155,7 @@ def request_doc(request: Request) -> dict[str, Any]:
         "returns": {
             episode_id: [r.rewards, r.infos, r.dones] for episode_id, r in steps.returns.items()
         },
+        "starts": [start_doc(episode) for episode in steps.touched if not episode.recorded],
     }
 
 

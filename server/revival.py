@@ -156,6 +156,8 @@ def _replay(service: Any, writer_id: str, doc: dict[str, Any], uncertain: bool) 
 def _replay_pass(service: Any, writer_id: str, doc: dict[str, Any], uncertain: bool) -> None:
     space, book = service.observation_space, service.episodes
     requests = [records.request_of(q, space) for q in doc["q"]]
+    starts = [start for q in doc["q"] for start in q.get("starts", ())]  # older journals: none
+    opened = [book.start(records.episode_of(start, space))[0] for start in starts]
     try:
         episodes = book.get_many([i for request in requests for i in request.episode_ids])
     except ApiError:
@@ -169,6 +171,9 @@ def _replay_pass(service: Any, writer_id: str, doc: dict[str, Any], uncertain: b
     done = recorder.complete(steps)
     if not uncertain or _landed(service, writer_id, doc, done):
         settle(requests, steps, done, doc["a"], doc["l"], doc["v"], book)
+    else:  # the client's retry opens them again
+        for episode in opened:
+            book.withdraw(episode)
 
 
 def _open(book: Any, episode_id: str) -> Episode | None:

@@ -8,6 +8,7 @@ summaries, as an uninterrupted run would.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -421,6 +422,29 @@ def test_a_vector_env_across_kills(tmp_path: Path) -> None:
         assert client.close()
     assert run, "the vector env did not finish"
     _check_log(server.data, run)
+
+
+def test_a_batch_records_the_episodes_it_opens_with_its_pass(tmp_path: Path) -> None:
+    """A batch that opens episodes writes one journal record, its pass, which holds their starts
+    (and waits for no other pass to record them); killed right after, the server comes back with
+    them open, their pending steps in place."""
+    ids = [f"v{i}" for i in range(4)]
+    with serving(tmp_path) as server:
+        url = f"http://{server.address}/v1/actions"
+        body = {"episode_ids": ids, "observations": [[0.0] * 4] * 4, "starts": [{}] * 4}
+        assert requests.post(url, json={**body, "requests": [1] * 4}, timeout=10).ok
+        (journal,) = (server.data / "_journal").glob("*/journal-*.jsonl")
+        records = [json.loads(line) for line in journal.read_text().splitlines()]
+        assert [record["k"] for record in records] == ["snapshot", "pass"]
+        assert [start["id"] for start in records[1]["q"][0]["starts"]] == ids
+        server.restart()
+        body = {"episode_ids": ids, "observations": [[0.5] * 4] * 4, "rewards": [1.0] * 4}
+        answer = requests.post(url, json={**body, "requests": [2] * 4}, timeout=10)
+        assert answer.status_code == 200, answer.text
+    steps = pd.read_parquet(server.data / "steps")  # and a row each the stop closed, t = 1
+    first = steps[steps.t == 0]
+    assert sorted(first.episode_id) == ids and sorted(steps[steps.t == 1].episode_id) == ids
+    assert (np.stack(first.next_observation) == 0.5).all() and (first.reward == 1.0).all()
 
 
 def _wait_for_steps(server: Server, n: int) -> None:

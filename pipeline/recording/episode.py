@@ -75,6 +75,7 @@ class Episode:
     last_request: tuple[int, Any] | None = None  # (request number, answer) for retries
     requests: int = 0
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    recorded: bool = True  # its start is in the server's journal (a batch's: with its pass)
 
     def check_form(self, multiagent: bool) -> None:
         """A SchemaError unless the step has the episode's form, single- or multi-agent (the
