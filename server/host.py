@@ -248,7 +248,9 @@ def _load(
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     app = load()
     if cpu is not None:
-        app = affinity.OneCpu(app, cpu)
+        from server.routes import UPLOADS  # in the worker, which imported the app's modules
+
+        app = affinity.OneCpu(app, cpu, free=[UPLOADS])
         logging.getLogger("rlpipe.server").info("request threads on CPU %d", cpu)
     listening = threading.Event()
     threading.Thread(

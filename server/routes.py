@@ -33,6 +33,7 @@ def template(rule: str) -> str:
 
 
 _EPISODE = "/v1/episodes/<path:episode_id>"
+UPLOADS = "/v1/uploads"
 ROUTES = (
     Route("start_episode", "/v1/episodes", handlers.start_episode),
     Route("get_action", f"{_EPISODE}/{ACT}", partial(handlers.episode_step, ACT)),
@@ -40,7 +41,7 @@ ROUTES = (
     Route("end_episode", f"{_EPISODE}/{END}", partial(handlers.episode_step, END)),
     Route("log_returns", f"{_EPISODE}/returns", handlers.log_returns),
     Route("get_actions", "/v1/actions", handlers.batch_step),
-    Route("upload", "/v1/uploads", handlers.upload),
+    Route("upload", UPLOADS, handlers.upload),
 )
 _EXACT = {route.rule: route for route in ROUTES if "<" not in route.rule}
 _PREFIX = _EPISODE.partition("<")[0]

@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -111,3 +113,25 @@ def test_the_request_threads_run_on_the_cpu_asked_for_and_nothing_else_is_pinned
     finally:
         server.terminate()
         assert server.wait(60) == 0
+
+
+def test_a_request_thread_runs_on_the_one_cpu_and_on_every_cpu_for_an_upload() -> None:
+    """Steps are GIL-bound: on one CPU. An upload's Arrow decoding and writing release the GIL,
+    and run beside the steps: on every CPU, and back on the one for the next step."""
+    seen: list[set[int]] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append(os.sched_getaffinity(0))
+        return [b""]
+
+    pinned = affinity.OneCpu(app, min(CPUS), free=["/v1/uploads"])
+
+    def serve() -> None:
+        for path in ("/v1/actions", "/v1/actions", "/v1/uploads", "/v1/episodes/e/actions"):
+            pinned({"PATH_INFO": path}, lambda *args: None)
+
+    thread = threading.Thread(target=serve)  # a request thread of its own, as granian's are
+    thread.start()
+    thread.join()
+    assert seen == [{min(CPUS)}, {min(CPUS)}, CPUS, {min(CPUS)}]
+    assert os.sched_getaffinity(0) == CPUS  # this thread never served: left alone
