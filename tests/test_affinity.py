@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import requests
 
+from pipeline.errors import ConfigError
 from server import affinity
 from server.process import start
 
@@ -66,7 +67,7 @@ def test_servers_on_one_machine_claim_different_cpus_until_one_dies() -> None:
 
 def test_a_cpu_this_process_may_not_run_on_is_refused_by_name() -> None:
     wanted = max(CPUS) + 1000
-    with pytest.raises(Exception) as refused:
+    with pytest.raises(ConfigError) as refused:
         affinity.claim(wanted)
     message = str(refused.value)
     assert "--cpu" in message and f"got '{wanted}'" in message
