@@ -145,8 +145,8 @@ def run_wsgi(
     cpu: int | None = None,
 ) -> None:
     """Serve the WSGI app that ``load()`` builds in the worker, until SIGINT or SIGTERM, over
-    HTTPS with ``tls``, each request thread pinned to ``cpu`` (None: unpinned);
-    ``announce(url)`` runs in the worker once a connection is accepted."""
+    HTTPS with ``tls``, each request thread on ``cpu`` while it serves a step (None: where the
+    OS puts it); ``announce(url)`` runs in the worker once a connection is accepted."""
     try:
         from granian import Granian
         from granian.constants import Interfaces
