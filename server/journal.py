@@ -111,7 +111,7 @@ class Journal:
             if not created:
                 return episode, False
             try:
-                self._write({"k": "start", "e": records.start_doc(episode)})
+                self._record_start(episode)
                 return episode, True
             except ApiError as error:
                 failed = error
@@ -133,10 +133,14 @@ class Journal:
         doc = [returns.rewards, returns.infos, returns.dones]
         with self.lock:
             if not episode.recorded:  # a batch opened it, and its pass has not run yet
-                self._write({"k": "start", "e": records.start_doc(episode)})
-                episode.recorded = True
+                self._record_start(episode)
             self._write({"k": "returns", "id": episode.episode_id, "r": doc})
             episode.add_returns(returns)
+
+    def _record_start(self, episode: Episode) -> None:
+        """An episode's start record (the caller holds the lock): snapshots hold it from now."""
+        self._write({"k": "start", "e": records.start_doc(episode)})
+        episode.recorded = True
 
     def stepping(
         self, requests: list[Request], actions: list[Any], logp: list[Any], version: int | None
