@@ -210,10 +210,15 @@ class Follower(threading.Thread):
             batch_size=256, follow=True, timeout_s=timeout_s, poll_interval_s=0.05
         )
         self.seen: Acked = collections.Counter()
+        self.error: BaseException | None = None  # what stopped it early, for the assertion
 
     def run(self) -> None:
-        for batch in self.reader:
-            self.seen.update(zip(batch.episode_ids.tolist(), batch.ts.tolist(), strict=True))
+        try:
+            for batch in self.reader:
+                self.seen.update(zip(batch.episode_ids.tolist(), batch.ts.tolist(), strict=True))
+        except BaseException as error:
+            self.error = error
+            raise
 
 
 def play_remote(
@@ -325,19 +330,31 @@ def together(*players: Callable[[Acked], None]) -> Acked:
 
 
 def check_exactly_once(follower: Follower, acked: Acked, data: Path | Store) -> None:
-    """The follower read each acknowledged step once and nothing else; so does a fresh read."""
+    """The follower read each acknowledged step once and nothing else; so does a fresh read.
+    A failure names the steps by episode, and says whether the fresh read holds the ones the
+    follower missed (late, or lost)."""
     follower.join(timeout=60)
     assert not follower.is_alive()
+    assert follower.error is None, f"the follower stopped early: {follower.error!r}"
     assert set(acked.values()) == {1}
-    assert follower.seen == acked, (
-        f"follower: {sum(follower.seen.values())} rows, {len(follower.seen)} distinct; "
-        f"acknowledged {len(acked)}; missing {len(acked - follower.seen)}, "
-        f"extra {len(follower.seen - acked)}"
-    )
     again: Acked = collections.Counter()
     for batch in as_store(data).reader(batch_size=4096):
         again.update(zip(batch.episode_ids.tolist(), batch.ts.tolist(), strict=True))
-    assert again == acked
+    missing = acked - follower.seen
+    assert follower.seen == acked, (
+        f"follower: {sum(follower.seen.values())} rows, {len(follower.seen)} distinct; "
+        f"acknowledged {len(acked)}; missing {by_episode(missing)}, of which a fresh read "
+        f"holds {by_episode(missing & again)}; extra {by_episode(follower.seen - acked)}"
+    )
+    assert again == acked, f"a fresh read: missing {by_episode(acked - again)}"
+
+
+def by_episode(steps: Acked) -> str:
+    """``steps`` as each episode's list of ``t``, for a failure's message."""
+    ts: dict[str, list[int]] = collections.defaultdict(list)
+    for episode_id, t in sorted(steps):
+        ts[episode_id].append(t)
+    return "; ".join(f"{episode_id} t={found}" for episode_id, found in ts.items()) or "none"
 
 
 def upload(url: str, client_id: str, seq: int) -> Any:
