@@ -157,7 +157,9 @@ def _replay_pass(service: Any, writer_id: str, doc: dict[str, Any], uncertain: b
     space, book = service.observation_space, service.episodes
     requests = [records.request_of(q, space) for q in doc["q"]]
     starts = [start for q in doc["q"] for start in q.get("starts", ())]  # older journals: none
-    opened = [book.start(records.episode_of(start, space))[0] for start in starts]
+    started = [book.start(records.episode_of(start, space)) for start in starts]
+    # the pass's own: a start also recorded on its own (a log_returns came first) stays open
+    opened = [episode for episode, created in started if created]
     try:
         episodes = book.get_many([i for request in requests for i in request.episode_ids])
     except ApiError:
