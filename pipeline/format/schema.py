@@ -265,6 +265,7 @@ def _refuse(
 
 
 def _convert_generic(field: pa.Field, values: Any, from_pandas: bool = True) -> pa.Array:
+    _refuse_lossy(field, values)
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     try:
@@ -284,6 +285,23 @@ def _convert_generic(field: pa.Field, values: Any, from_pandas: bool = True) -> 
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
         got = _describe(values)
         raise SchemaError.single(field.name, str(field.type), f"{got} ({error})") from None
+
+
+def _refuse_lossy(field: pa.Field, values: Any) -> None:
+    """Refuse the Python values pyarrow would store as other numbers without a word: a float in
+    an integer column (1.5 becomes 1), a bool in a number column (True becomes 1)."""
+    if not isinstance(values, list | tuple):  # arrays are cast safely: 1.5 is refused there
+        return
+    if pa.types.is_integer(field.type):
+        lossy: tuple[type, ...] = (float, np.floating, bool, np.bool_)
+    elif pa.types.is_floating(field.type):
+        lossy = (bool, np.bool_)
+    else:
+        return
+    if any(issubclass(kind, lossy) for kind in set(map(type, values))):
+        row = next(i for i, value in enumerate(values) if isinstance(value, lossy))
+        expected = f"{field.type} values ({'integers' if lossy[0] is float else 'numbers'})"
+        raise SchemaError.single(field.name, expected, repr(values[row]), row)
 
 
 def _aware(value: Any) -> bool:
