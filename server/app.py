@@ -121,9 +121,12 @@ def _weights_route(app: Flask, runner: PolicyRunner) -> None:
 
 def _version(have: str) -> int:
     try:
-        return int(have)
+        version = int(have)
     except ValueError:
-        raise errors.bad_request("version", "an integer", repr(have)) from None
+        version = None
+    if version is None or not -(2**63) <= version < 2**63:
+        raise errors.bad_request("version", "a 64-bit integer", repr(have[:40]))
+    return version
 
 
 def _info_routes(app: Flask, service: Service) -> None:
@@ -168,7 +171,8 @@ def _info_routes(app: Flask, service: Service) -> None:
 
     @app.get("/v1/openapi.json")
     def openapi_document() -> Response:
-        return jsonify(openapi.document(service.observation_space, service.action_space))
+        spaces = service.observation_space, service.action_space
+        return jsonify(openapi.document(*spaces, token=service.config.token is not None))
 
 
 def _storage(service: Service) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from server.messages import (
 )
 from server.service import Service
 from server.stepper import Answer, Request
-from server.uploads import json_table, parse_seq, read_arrow
+from server.uploads import check_ids, json_table, parse_seq, read_arrow
 
 Reply = tuple[Any, int]  # the JSON answer and its status
 
@@ -195,19 +195,19 @@ def upload(service: Service, incoming: Incoming, counts: Counts) -> Reply:
     if not client_id:
         raise errors.bad_request("X-Rlpipe-Client", "the client's id", "nothing")
     seq = parse_seq(incoming.header("X-Rlpipe-Upload"))
+    table_name = incoming.header("X-Rlpipe-Table") or layout.STEPS  # checked for JSON too
+    if table_name not in layout.TABLES:
+        raise errors.bad_request(
+            "X-Rlpipe-Table", f"one of {list(layout.TABLES)}", repr(table_name)
+        )
     if incoming.arrow:
-        table_name = incoming.header("X-Rlpipe-Table")
-        table_name = layout.STEPS if table_name is None else table_name
-        if table_name not in layout.TABLES:
-            raise errors.bad_request(
-                "X-Rlpipe-Table", f"one of {list(layout.TABLES)}", repr(table_name)
-            )
         tables = {table_name: read_arrow(incoming.body)}
         timed = "logged_at" in tables[table_name].column_names
     else:
         doc = incoming.json()
         tables = _json_tables(service, doc)  # a dict of lists of row objects, once checked
         timed = all("logged_at" in row for row in doc.get(layout.STEPS, []))
+    check_ids(tables)
     counts.steps = tables[layout.STEPS].num_rows if layout.STEPS in tables else 0
     service.check_backlog()
     try:

@@ -54,7 +54,7 @@ def _parameter(
 
 _ROUTE = _parameter(
     "X-Rlpipe-Route",
-    _ID_TEXT,
+    {"type": "string"},
     "the route key an HTTP load balancer hashes to keep an episode on one of "
     "several servers of a dataset (docs/deploy.md); the server does not read it. An "
     "episode's key (its percent-encoded episode_id, or the client's id for the episodes of "
@@ -167,12 +167,15 @@ def _paths() -> dict[str, Any]:
     for route in routes.ROUTES:  # the routes both front ends answer
         summary, body, answer, statuses = _OPERATIONS[route.endpoint]
         path = routes.template(route.rule)
-        paths[path] = {"post": _op(summary, _json(body), _json(answer), statuses)}
-        paths[path]["post"]["parameters"] = [_ROUTE]
+        op = _op(summary, _json(body), _json(answer), statuses)
+        paths[path] = {"post": {"operationId": route.endpoint, **op, "parameters": [_ROUTE]}}
         if "{episode_id}" in path:
             paths[path]["parameters"] = [
                 {"name": "episode_id", "in": "path", "required": True, "schema": ID}
             ]
+    started = paths[routes.template(routes.by_endpoint("start_episode").rule)]["post"]
+    for status in ("200", "201"):
+        started["responses"][status]["links"] = _episode_links()
     for endpoint, form in _BINARY_FORMS.items():
         path = routes.template(routes.by_endpoint(endpoint).rule)
         paths[path]["post"]["requestBody"]["content"][_ARROW] = {
@@ -235,6 +238,16 @@ def _paths() -> dict[str, Any]:
     }
 
 
+def _episode_links() -> dict[str, Any]:
+    """A started episode's id goes on in the path of each per-episode verb (OpenAPI links: a
+    generated client or a stateful fuzzer follows them)."""
+    verbs = [r.endpoint for r in routes.ROUTES if "{episode_id}" in routes.template(r.rule)]
+    return {
+        verb: {"operationId": verb, "parameters": {"episode_id": "$response.body#/episode_id"}}
+        for verb in verbs
+    }
+
+
 def _upload_headers() -> list[dict[str, Any]]:
     return [
         _parameter(
@@ -290,9 +303,19 @@ def _health() -> dict[str, Any]:
     )
 
 
-def document(observation_space: gym.Space[Any], action_space: gym.Space[Any]) -> dict[str, Any]:
-    """The document served at ``GET /v1/openapi.json`` by a server of these spaces."""
-    return {
+def document(
+    observation_space: gym.Space[Any], action_space: gym.Space[Any], token: bool = True
+) -> dict[str, Any]:
+    """The document served at ``GET /v1/openapi.json`` by a server of these spaces; ``token``:
+    whether it asks for one (without, no operation answers 401, and none needs a header)."""
+    paths = _paths()
+    if not token:
+        for item in paths.values():
+            for op in item.values():
+                if isinstance(op, dict):
+                    op.get("responses", {}).pop("401", None)
+                    op.pop("security", None)
+    doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "rlpipe policy server",
@@ -302,10 +325,10 @@ def document(observation_space: gym.Space[Any], action_space: gym.Space[Any]) ->
             "string must be valid UTF-8 (no lone surrogates). A method a path does not take "
             "is answered 405, with an Allow header listing those it does.",
         },
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": named_schemas(observation_space, action_space),
-        },
-        "security": [{"bearer": []}],
-        "paths": _paths(),
+        "components": {"schemas": named_schemas(observation_space, action_space)},
+        "paths": paths,
     }
+    if token:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    return doc

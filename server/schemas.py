@@ -28,27 +28,45 @@ def object_schema(required: list[str] | None = None, **properties: Any) -> dict[
     return {"type": "object", "required": required, "properties": properties}
 
 
+def closed(required: list[str], **properties: Any) -> dict[str, Any]:
+    """:func:`object_schema` with no other properties: an upload's rows name only columns."""
+    return {**object_schema(required, **properties), "additionalProperties": False}
+
+
 def _keyed(schema: Any) -> dict[str, Any]:
     """An object keyed by agent id (multi-agent requests and answers)."""
     return {"type": "object", "propertyNames": {"minLength": 1}, "additionalProperties": schema}
 
 
+_JSON_TEXT = "application/json"
 _BOOL = {"type": "boolean"}
 _STRING = {"type": "string"}
 _INTEGER = {"type": "integer"}
-_FINITE = {"type": "number", "minimum": -1.7976931348623157e308, "maximum": 1.7976931348623157e308}
+# every JSON number up to this is read as a finite double: it rounds to the largest one,
+# 1.7976931348623157e308 (from 2**1024 - 2**970 on, a number reads as infinity)
+_DOUBLE_TOP = 2**1024 - 2**970 - 1
+_FINITE = {"type": "number", "minimum": -_DOUBLE_TOP, "maximum": _DOUBLE_TOP}
 INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
-SEED = {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}  # gymnasium's, as Minari draws
+_SEED = {
+    "type": ["integer", "null"],
+    "minimum": 0,
+    "maximum": 2**64 - 1,
+}  # gymnasium's, as Minari draws
 ID = {"type": "string", "minLength": 1, "maxLength": 200, "not": {"enum": [".", ".."]}}
 _REQUEST = {
     **INT64,
+    "type": ["integer", "null"],
     "description": "the client's count of its requests in this episode, 1, "
-    "2, ...: the last number sent again is answered again and writes nothing",
+    "2, ...: the last number sent again is answered again and writes nothing (null: "
+    "unnumbered, never answered again)",
 }
-_INFO = {
-    "type": ["object", "null"],
-    "description": "stored as JSON text; the server also takes any JSON value, but a string "
-    "must hold JSON text",
+_INFO = {  # a string's JSON text is an annotation: the schema cannot check it, the server does
+    "anyOf": [
+        {"type": ["object", "array", "number", "boolean", "null"]},
+        {"type": "string", "contentMediaType": _JSON_TEXT},
+    ],
+    "description": "any JSON value, stored as JSON text (an object, as gymnasium's info, or "
+    "null for none); a string must hold JSON text, and is stored as it is",
 }
 _TRUNCATED = {"type": "boolean", "description": "true for a time limit; else terminated"}
 _LOGP = {"type": ["number", "null"], "description": "null when acting at random"}
@@ -62,6 +80,22 @@ def space_schema(space: gym.Space[Any]) -> dict[str, Any]:
     raise TypeError(f"no JSON Schema for {type(space).__name__}")
 
 
+def _number(kind: str, low: float | int, high: float | int) -> dict[str, Any]:
+    """A space's number: ``true`` and ``false`` count as 1 and 0, as numpy and gymnasium take
+    them (``Discrete(2).contains(True)``), and an integer may be written 1.0."""
+    return {"type": [kind, "boolean"], "minimum": low, "maximum": high}
+
+
+def _float_top(dtype: np.dtype[Any]) -> float | int:
+    """The largest number the server takes for a float dtype: every double that rounds to a
+    finite value of it, so float32's max and up to half its last step beyond."""
+    top = np.finfo(dtype).max
+    if dtype.itemsize >= 8:
+        return _DOUBLE_TOP
+    step = float(np.spacing(np.nextafter(top, dtype.type(0))))
+    return float(np.nextafter(float(top) + step / 2, 0.0))
+
+
 def _nested(shape: tuple[int, ...], leaf: dict[str, Any]) -> dict[str, Any]:
     schema = leaf
     for size in reversed(shape):
@@ -73,20 +107,20 @@ def _nested(shape: tuple[int, ...], leaf: dict[str, Any]) -> dict[str, Any]:
 def _box(space: Box) -> dict[str, Any]:
     dtype: Any = np.dtype(space.dtype)
     if dtype.kind == "f":
-        top = float(np.finfo(dtype).max)
-        leaf: dict[str, Any] = {"type": "number", "minimum": -top, "maximum": top}
+        top = _float_top(dtype)
+        leaf = _number("number", -top, top)
     elif dtype.kind == "b":
-        leaf = {"type": "integer", "minimum": 0, "maximum": 1}
+        leaf = _number("integer", 0, 1)
     else:
         info = np.iinfo(dtype)
-        leaf = {"type": "integer", "minimum": int(info.min), "maximum": int(info.max)}
+        leaf = _number("integer", int(info.min), int(info.max))
     return _nested(space.shape, leaf)
 
 
 @space_schema.register(Discrete)
 def _discrete(space: Discrete) -> dict[str, Any]:
     start = int(space.start)
-    return {"type": "integer", "minimum": start, "maximum": start + int(space.n) - 1}
+    return _number("integer", start, start + int(space.n) - 1)
 
 
 @space_schema.register(MultiDiscrete)
@@ -97,13 +131,13 @@ def _multi_discrete(space: MultiDiscrete) -> dict[str, Any]:
 def _per_index(low: np.ndarray, high: np.ndarray) -> dict[str, Any]:
     """Integers bounded index by index."""
     if low.ndim == 0:
-        return {"type": "integer", "minimum": int(low), "maximum": int(high)}
+        return _number("integer", int(low), int(high))
     return _prefixed([_per_index(lo, hi) for lo, hi in zip(low, high, strict=True)])
 
 
 @space_schema.register(MultiBinary)
 def _multi_binary(space: MultiBinary) -> dict[str, Any]:
-    return _nested(space.shape, {"type": "integer", "minimum": 0, "maximum": 1})
+    return _nested(space.shape, _number("integer", 0, 1))
 
 
 @space_schema.register(Dict)
@@ -151,16 +185,14 @@ def named_schemas(
         "Observation": space_schema(observation_space),
         "Action": space_schema(action_space),
         "Start": {
-            **object_schema(
-                [],
-                episode_id=ID,
-                training_enabled=_BOOL,
-                seed=SEED,
-                options=_INFO,
-                client_id={"type": ["string", "null"], "maxLength": 200},
-            ),
-            "description": "Every field may be left out; the server names an episode left "
-            "unnamed, and a client_id left out is the caller's address.",
+            **object_schema([], episode_id={**ID, "type": ["string", "null"]}, **_START),
+            "description": "Every field may be left out (or null); the server names an episode "
+            "left unnamed, and a client_id left out is the caller's address.",
+        },
+        "BatchStart": {
+            **object_schema([], **_START),
+            "description": "A batch's start of the episode of its entry (an episode_id here "
+            "is not read); every field may be left out, as in Start.",
         },
         "Started": object_schema(episode_id=_STRING),
         "Step": _forms(["observation"], step, numbered),
@@ -192,13 +224,21 @@ def named_schemas(
     }
 
 
+_START = {
+    "training_enabled": _BOOL,
+    "seed": _SEED,
+    "options": _INFO,
+    "client_id": {"type": ["string", "null"], "maxLength": 200},
+}
+
+
 def _column(items: Any, **more: Any) -> dict[str, Any]:
     return {"type": "array", "items": items, **more}
 
 
 def _batch_schemas(step: dict[str, Any]) -> dict[str, Any]:
     start = {
-        "anyOf": [ref("Start"), _BOOL],
+        "anyOf": [ref("BatchStart"), _BOOL],
         "description": "opens the episode first (true: with defaults)",
     }
     entry = {"episode_id": ID, "terminated": _BOOL, "truncated": _TRUNCATED, "request": _REQUEST}
@@ -211,7 +251,7 @@ def _batch_schemas(step: dict[str, Any]) -> dict[str, Any]:
                 rewards=_column(_FINITE),
                 terminated=_column(_BOOL),
                 truncated=_column(_BOOL),
-                starts=_column({"anyOf": [ref("Start"), {"type": "null"}]}),
+                starts=_column({"anyOf": [ref("BatchStart"), {"type": "null"}]}),
                 infos=_column(_INFO),
                 requests=_column({"anyOf": [_REQUEST, {"type": "null"}]}),
             ),
@@ -238,7 +278,7 @@ def _batch_schemas(step: dict[str, Any]) -> dict[str, Any]:
 def _upload_schemas() -> dict[str, Any]:
     agent_id = {"type": "string", "minLength": 1}
     row = {"episode_id": ID, "agent_id": agent_id, "training_enabled": _BOOL}
-    step = object_schema(
+    step = closed(
         list(REQUIRED_STEP_COLUMNS),
         **row,
         t={"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
@@ -253,15 +293,15 @@ def _upload_schemas() -> dict[str, Any]:
         info=_INFO,
     )
     when = {"type": "string", "format": "date-time", "description": "ISO 8601, with its zone"}
-    episode = object_schema(
+    episode = closed(
         ["episode_id", "started_at", "ended_at", "length", "return", "end_reason"],
         **row,
         started_at=when,
         ended_at=when,
         length={"type": "integer", "minimum": 0},
         env_id={"type": ["string", "null"]},
-        seed={**SEED, "type": ["integer", "null"]},
-        reset_options={"type": ["string", "null"], "description": "JSON text"},
+        seed=_SEED,
+        reset_options=_INFO,
         end_reason={"enum": ["terminated", "truncated", "closed"]},
         **{"return": _FINITE},
     )

@@ -22,7 +22,9 @@ import pyarrow.dataset as ds
 
 from pipeline.dataset import discovery
 from pipeline.dataset.writer import DatasetWriter
+from pipeline.errors import SchemaError
 from pipeline.format import layout, schema
+from pipeline.recording.episode import episode_id_of
 from server.errors import ApiError, bad_request
 
 _KEYS = {layout.STEPS: ["episode_id", "agent_id", "t"], layout.EPISODES: ["episode_id", "agent_id"]}
@@ -154,6 +156,42 @@ def _with_text(table: pa.Table, name: str, value: str, replace: bool = True) -> 
         return table
     index = table.column_names.index(name)
     return table.set_column(index, table.schema.field(index).with_type(pa.string()), column)
+
+
+def check_ids(tables: dict[str, pa.Table]) -> None:
+    """An upload's episode and agent ids as the step verbs take them (:func:`episode_id_of`; an
+    agent id is a non-empty string), so that every stored episode can be named in a URL; a
+    SchemaError names the first that is not."""
+    for table in tables.values():
+        ids = _text_column(table, "episode_id")
+        if ids is not None:
+            lengths = pc.utf8_length(ids)
+            bad = pc.or_kleene(
+                pc.or_kleene(pc.less(lengths, 1), pc.greater(lengths, 200)),
+                pc.is_in(ids, value_set=pa.array([".", ".."])),
+            )
+            if pc.any(bad).as_py():
+                row = pc.index(bad, True).as_py()
+                try:
+                    episode_id_of(ids[row].as_py())
+                except SchemaError as error:
+                    found = error.problems[0]
+                    raise SchemaError.single(found.field, found.expected, found.got, row) from None
+        agents = _text_column(table, "agent_id")
+        if agents is not None and pc.any(pc.equal(pc.utf8_length(agents), 0)).as_py():
+            row = pc.index(pc.equal(pc.utf8_length(agents), 0), True).as_py()
+            raise SchemaError.single("agent_id", "a non-empty string or null", "''", row)
+
+
+def _text_column(table: pa.Table, name: str) -> pa.ChunkedArray | None:
+    """A string column of ``table``; None when it has none by that name (or of another type,
+    which the writer names)."""
+    if name not in table.column_names:
+        return None
+    kind = table.schema.field(name).type
+    return (
+        table.column(name) if pa.types.is_string(kind) or pa.types.is_large_string(kind) else None
+    )
 
 
 def json_table(writer: DatasetWriter, name: str, rows: Any) -> pa.Table:

@@ -3,6 +3,7 @@ the check that an answer is one the document lists, with a body that matches its
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -67,6 +68,7 @@ def check_answer(
 
 _KNOWN = {
     "type",
+    "contentMediaType",
     "properties",
     "required",
     "additionalProperties",
@@ -129,12 +131,15 @@ def _typed(kind: str, schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         return st.booleans()
     if kind == "integer":
         return st.integers(low, high)
-    if kind == "number":
-        floats = st.floats(low, high, allow_nan=False, allow_infinity=False)
+    if kind == "number":  # a bound the document writes as an integer, as the nearest float
+        inner = [None if bound is None else float(bound) for bound in (low, high)]
+        floats = st.floats(*inner, allow_nan=False, allow_infinity=False)
         return floats | st.integers(-(2**53), 2**53).filter(
             lambda n: (low or n) <= n <= (high or n)
         )
     if kind == "string":
+        if schema.get("contentMediaType") == "application/json":
+            return ANY_JSON.map(json.dumps)
         if schema.get("format") == "date-time":
             return st.datetimes(timezones=st.just(UTC)).map(datetime.isoformat)
         refused = schema.get("not", {}).get("enum", [])

@@ -106,7 +106,25 @@ def test_openapi_documents_every_route(tmp_path: Path) -> None:
         if method in ("get", "post")
     }
     assert routes == documented
-    assert served == openapi.document(*cartpole_spaces())
+    assert served == openapi.document(*cartpole_spaces(), token=False)
+
+
+def test_openapi_asks_for_a_token_only_where_the_server_does(tmp_path: Path) -> None:
+    """A client generated from the document sends a token only to a server that wants one:
+    without a token no operation needs one or answers 401; with one, all but the public do."""
+    for token in (None, "s3cret"):
+        with running_server(cartpole_config(tmp_path / str(token), token=token)) as server:
+            served = requests.get(server.url + "/v1/openapi.json", timeout=5).json()
+        operations = [op for item in served["paths"].values() for op in item.values()]
+        operations = [op for op in operations if isinstance(op, dict)]
+        answers_401 = {"401" in op["responses"] for op in operations}
+        public = {op.get("security") == [] for op in operations}
+        if token is None:
+            assert ("security" in served, answers_401, public) == (False, {False}, {False})
+        else:
+            assert served["security"] == [{"bearer": []}]
+            assert served["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+            assert answers_401 == {True, False} and public == {True, False}
 
 
 _SPACES = [
@@ -136,3 +154,31 @@ def test_the_schema_of_every_space_takes_its_samples_and_makes_values_the_server
         codec.to_arrow_rows(space, [value], field="value")  # raises SchemaError if refused
 
     taken()
+
+
+def test_what_schemathesis_found_is_answered_as_documented(tmp_path: Path) -> None:
+    """Values tests/test_schemathesis.py found answered otherwise than the document says: a
+    ``?version`` beyond 64 bits (was 200), an X-Rlpipe-Table naming no table on a JSON upload
+    (was ignored), and a start's null episode_id and seed and a request number of null, which
+    the document now lists."""
+    with running_server(cartpole_config(tmp_path / "ds", policy_poll_s=0.05)) as server:
+        cartpole_checkpoint(tmp_path / "ds" / "checkpoints", 1)
+        document = requests.get(server.url + "/v1/openapi.json", timeout=5).json()
+        weights = server.url + "/v1/weights?version="
+        wait_for(lambda: requests.get(weights + "1", timeout=5).status_code == 304, 10, "policy")
+        for version in (str(2**63), str(-(2**63) - 1), "1.0"):
+            answer = requests.get(weights + version, timeout=5)
+            assert answer.status_code == 400, version
+            assert "field 'version': expected a 64-bit integer" in answer.json()["error"]["message"]
+        headers = {"X-Rlpipe-Client": "c", "X-Rlpipe-Upload": "0", "X-Rlpipe-Table": "{}"}
+        upload = requests.post(server.url + "/v1/uploads", json={}, headers=headers, timeout=5)
+        assert upload.status_code == 400 and "X-Rlpipe-Table" in upload.json()["error"]["message"]
+        start = {"episode_id": None, "seed": None}
+        jsonschema.validate(start, request_schema(document, "/v1/episodes"))
+        started = requests.post(server.url + "/v1/episodes", json=start, timeout=5)
+        assert started.status_code == 201
+        step = {"observation": [0.0] * 4, "request": None}
+        jsonschema.validate(step, request_schema(document, "/v1/episodes/{episode_id}/actions"))
+        episode = started.json()["episode_id"]
+        acted = requests.post(f"{server.url}/v1/episodes/{episode}/actions", json=step, timeout=5)
+        assert acted.status_code == 200
