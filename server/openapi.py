@@ -322,8 +322,10 @@ def document(
             "version": "1",
             "description": "docs/protocol.md tells the rules. Every error is JSON (the Error "
             f"schema). Bodies may nest arrays and objects at most {MAX_DEPTH} deep, and every "
-            "string must be valid UTF-8 (no lone surrogates). A method a path does not take "
-            "is answered 405, with an Allow header listing those it does.",
+            "string must be valid UTF-8 (no lone surrogates). An integer is written without a "
+            "fraction (36, not 36.0) but in a space's value, which numpy reads (true is 1). A "
+            "method a path does not take is answered 405, with an Allow header listing those it "
+            "does.",
         },
         "components": {"schemas": named_schemas(observation_space, action_space)},
         "paths": paths,

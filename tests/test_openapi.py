@@ -156,6 +156,17 @@ def test_the_schema_of_every_space_takes_its_samples_and_makes_values_the_server
     taken()
 
 
+@pytest.mark.parametrize(
+    ("space", "token"), [*((space, True) for space in _SPACES), (_SPACES[0], False)]
+)
+def test_the_document_is_valid_openapi_for_every_space(space: gym.Space[Any], token: bool) -> None:
+    """openapi-spec-validator, the reference validator of OpenAPI 3.1 documents, takes the
+    document of a server of each space (one without a token too)."""
+    from openapi_spec_validator import validate
+
+    validate(json.loads(json.dumps(openapi.document(space, space, token=token))))  # as sent
+
+
 def test_what_schemathesis_found_is_answered_as_documented(tmp_path: Path) -> None:
     """Values tests/test_schemathesis.py found answered otherwise than the document says: a
     ``?version`` beyond 64 bits (was 200), an X-Rlpipe-Table naming no table on a JSON upload
