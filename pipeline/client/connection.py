@@ -28,9 +28,17 @@ class Reply:
 
     def __init__(self, status_code: int, headers: Any, content: bytes, reason: str) -> None:
         self.status_code = status_code
-        self.headers = headers  # case-insensitive either way (CaseInsensitiveDict)
+        self._headers = headers  # requests' (case-insensitive), or ours: lowercase -> (name, value)
         self.content = content
         self.reason = reason
+
+    @property
+    def headers(self) -> Any:
+        """The answer's fields, case-insensitive (CaseInsensitiveDict), made when first read: a
+        step's answer is read for its body alone."""
+        if isinstance(self._headers, dict):
+            self._headers = CaseInsensitiveDict(dict(self._headers.values()))
+        return self._headers
 
     @property
     def text(self) -> str:
@@ -65,6 +73,7 @@ class Connection:
         self.host, self.port, self.timeout, self.tls = host, port, timeout, tls
         self._host = f"Host: {authority}\r\n"
         self.sock: socket.socket | None = None
+        self._answer = _Answer()  # with its parser, for the connection's every answer
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -90,7 +99,7 @@ class Connection:
                 sock.sendall(head)
                 if body:
                     sock.sendall(body)
-            reply, keep = _read(sock)
+            reply, keep = _read(sock, self._answer)
         except BaseException:
             self.close()  # half an exchange leaves the connection out of step
             raise
@@ -107,7 +116,7 @@ class Connection:
         except BaseException:
             sock.close()
             raise
-        self.sock = sock
+        self.sock, self._answer = sock, _Answer()  # a new connection, a new parser
         return sock
 
     def _head(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> bytes:
@@ -123,16 +132,21 @@ class Connection:
 
 
 class _Answer:
-    """httptools' callbacks: the parts of one answer as they are parsed."""
+    """httptools' callbacks: the parts of one answer as they are parsed, by the parser of the
+    connection, which llhttp resets for each answer of a keep-alive connection."""
 
     def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.next()
+
+    def next(self) -> None:
+        """Ready for the connection's next answer."""
         self.reason = ""
         self.fields: dict[str, tuple[str, str]] = {}  # lowercased name: (name, value)
         self.body: list[bytes] = []
         self.head_done = False
         self.complete = False
         self.keep = False  # the connection may carry another exchange
-        self.parser: httptools.HttpResponseParser | None = None
 
     @property
     def framed(self) -> bool:
@@ -157,13 +171,14 @@ class _Answer:
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self.keep = self.parser is not None and self.parser.should_keep_alive()  # not after
+        self.keep = self.parser.should_keep_alive()  # not after
 
 
-def _read(sock: socket.socket) -> tuple[Reply, bool]:
-    """The answer on ``sock``, and whether the connection may carry another exchange."""
-    answer = _Answer()
-    parser = answer.parser = httptools.HttpResponseParser(answer)
+def _read(sock: socket.socket, answer: _Answer) -> tuple[Reply, bool]:
+    """The answer on ``sock``, parsed into ``answer`` (its connection's), and whether the
+    connection may carry another exchange."""
+    answer.next()
+    parser = answer.parser
     start = b""
     while not answer.complete:
         data = sock.recv(_READ)
@@ -178,6 +193,5 @@ def _read(sock: socket.socket) -> tuple[Reply, bool]:
             parser.feed_data(data)
         except httptools.HttpParserError as error:
             raise BadAnswer(f"not an HTTP answer ({error})", start) from None
-    headers = CaseInsensitiveDict(dict(answer.fields.values()))
-    reply = Reply(parser.get_status_code(), headers, b"".join(answer.body), answer.reason)
+    reply = Reply(parser.get_status_code(), answer.fields, b"".join(answer.body), answer.reason)
     return reply, answer.keep

@@ -187,3 +187,10 @@ def decoded(action_space: gym.Space[Any], value: Any) -> Any:
     if isinstance(value, list) and isinstance(action_space, gym.spaces.Box):
         return np.asarray(value, dtype=action_space.dtype)
     return value
+
+
+def decoded_all(action_space: gym.Space[Any], values: list[Any]) -> list[Any]:
+    """:func:`decoded` of each of a batch's actions (None, for an ended episode, stays None)."""
+    if not isinstance(action_space, gym.spaces.Box):
+        return values  # every other space's actions are as JSON gave them
+    return [decoded(action_space, value) for value in values]

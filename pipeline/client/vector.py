@@ -21,7 +21,7 @@ import orjson
 from gymnasium.vector import AutoresetMode
 
 from pipeline.client import binary
-from pipeline.client.remote import RemoteEpisode, RemoteInference, decoded
+from pipeline.client.remote import RemoteEpisode, RemoteInference, decoded_all
 from pipeline.client.servers import ROUTE_HEADER
 from pipeline.client.transport import jsonable
 from pipeline.errors import ConfigError, SchemaError
@@ -75,8 +75,7 @@ def step_many(
     if client._remote is None:
         return _local(client, rows)
     actions = _send(client._remote, client.client_id, rows)
-    space = client._space()[1]
-    return [None if action is None else decoded(space, action) for action in actions]
+    return decoded_all(client._space()[1], actions)
 
 
 def _send(remote: RemoteInference, client_id: str, rows: dict[str, Any]) -> list[Any]:
@@ -87,8 +86,9 @@ def _send(remote: RemoteInference, client_id: str, rows: dict[str, Any]) -> list
             registry[episode_id] = remote.routed(client_id)
     states = [registry.get(i) or remote.episode(i) for i in ids]
     logged = [state.rewards.get(_AGENT, 0.0) if state.rewards else 0.0 for state in states]
+    rewards = rows["rewards"] + logged if any(logged) else rows["rewards"]  # log_returns' own
     body = {key: value for key, value in rows.items() if value is not None}
-    body.update(rewards=rows["rewards"] + logged, requests=[state.request + 1 for state in states])
+    body.update(rewards=rewards, requests=[state.request + 1 for state in states])
     if "starts" in body:
         mine = {"client_id": client_id}
         body["starts"] = [None if start is None else {**mine, **start} for start in body["starts"]]
