@@ -47,11 +47,8 @@ _INTEGER = {"type": "integer"}
 _DOUBLE_TOP = 2**1024 - 2**970 - 1
 _FINITE = {"type": "number", "minimum": -_DOUBLE_TOP, "maximum": _DOUBLE_TOP}
 INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
-_SEED = {
-    "type": ["integer", "null"],
-    "minimum": 0,
-    "maximum": 2**64 - 1,
-}  # gymnasium's, as Minari draws
+# gymnasium's seeds, as Minari draws them (null: none)
+_SEED = {"type": ["integer", "null"], "minimum": 0, "maximum": 2**64 - 1}
 ID = {"type": "string", "minLength": 1, "maxLength": 200, "not": {"enum": [".", ".."]}}
 _REQUEST = {
     **INT64,

@@ -178,8 +178,9 @@ def check_ids(tables: dict[str, pa.Table]) -> None:
                     found = error.problems[0]
                     raise SchemaError.single(found.field, found.expected, found.got, row) from None
         agents = _text_column(table, "agent_id")
-        if agents is not None and pc.any(pc.equal(pc.utf8_length(agents), 0)).as_py():
-            row = pc.index(pc.equal(pc.utf8_length(agents), 0), True).as_py()
+        empty = None if agents is None else pc.equal(pc.utf8_length(agents), 0)
+        if empty is not None and pc.any(empty).as_py():
+            row = pc.index(empty, True).as_py()
             raise SchemaError.single("agent_id", "a non-empty string or null", "''", row)
 
 

@@ -6,9 +6,10 @@ the step rules. Schemathesis knows none of them: it reads ``GET /v1/openapi.json
 checks every answer against the document (statuses, content types, headers, bodies), that no
 answer is a 5xx, that requests the document forbids are refused, that the token is asked for
 where the document says, and, following the document's links, sequences of calls on the
-episodes it starts. Its first run here found a document that demanded a token of a server that
-had none, request numbers, seeds and upload columns the server took otherwise than documented,
-and a ``?version`` beyond 64 bits answered 200.
+episodes it starts. Its first runs here found a document that demanded a token of a server that
+had none; request numbers, seeds, infos and upload columns taken otherwise than documented; a
+``?version`` beyond 64 bits answered 200; and uploads stored with a float ``t`` truncated (2.6e-42
+as 0), an episode named ``..`` and an agent named ``''``.
 
 Left out, with why:
 - ``positive_data_acceptance`` (every schema-valid request is accepted): JSON Schema cannot state
