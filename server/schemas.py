@@ -58,8 +58,9 @@ _REQUEST = {
     "unnumbered, never answered again)",
 }
 _INFO = {  # a string's JSON text is an annotation: the schema cannot check it, the server does
-    "anyOf": [
-        {"type": ["object", "array", "number", "boolean", "null"]},
+    "anyOf": [  # a type each, not a list of types: client generators take only this form
+        *({"type": kind} for kind in ("object", "number", "boolean", "null")),
+        {"type": "array", "items": {}},
         {"type": "string", "contentMediaType": _JSON_TEXT},
     ],
     "description": "any JSON value, stored as JSON text (an object, as gymnasium's info, or "

@@ -154,3 +154,35 @@ def test_empty_dataset(tmp_path: Path) -> None:
     report = inspect_dataset(tmp_path / "ds")
     assert report["rows"] == 0
     assert report["returns"]["count"] == 0
+
+
+def test_returns_too_large_to_square_are_described_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finite returns whose squares pass a double's range (an upload may hold them) are
+    described exactly as smaller ones; rlpipe inspect raised OverflowError on them (found by
+    the Schemathesis run's check of what it stored)."""
+    from fractions import Fraction
+
+    from conftest import cartpole_spaces
+
+    from pipeline.dataset.writer import DatasetWriter
+
+    rows = cartpole_rollout(200, seed=1)
+    rows["reward"] = [1e306 * (1 if i % 3 else -2) for i in range(200)]
+    with DatasetWriter(tmp_path / "ds", *cartpole_spaces(), env_id="CartPole-v1") as writer:
+        writer.append(rows)
+    returns = run_json(tmp_path / "ds", capsys)["returns"]
+    sums: dict[str, Fraction] = {}
+    ended = set()
+    columns = ("episode_id", "reward", "terminated", "truncated")
+    for key, reward, terminated, truncated in zip(*(rows[c] for c in columns), strict=True):
+        sums[str(key)] = sums.get(str(key), Fraction(0)) + Fraction(reward)
+        if terminated or truncated:
+            ended.add(str(key))
+    values = [total for key, total in sums.items() if key in ended]  # complete episodes
+    assert returns["count"] == len(values) > 2
+    mean = sum(values, Fraction(0)) / len(values)
+    variance = sum(((v - mean) ** 2 for v in values), Fraction(0)) / len(values)
+    assert math.isclose(returns["mean"], float(mean), rel_tol=1e-12)
+    assert math.isclose(returns["std"], math.sqrt(float(variance / 2**1200)) * 2**600, rel_tol=1e-9)

@@ -78,6 +78,7 @@ def _check_dataset(data: Path, env: dict[str, str]) -> None:
     every row of finite numbers under ids a URL and a body can name."""
     command = [sys.executable, "-m", "pipeline", "inspect", "--json", str(data)]
     inspected = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert inspected.returncode == 0, inspected.stderr[-3000:]
     report = json.loads(inspected.stdout)
     assert report["health"] == {"uncommitted": [], "unreadable": [], "pending_log": [],
                                 "damaged": []}  # fmt: skip

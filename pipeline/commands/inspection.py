@@ -342,11 +342,30 @@ def _episode_summary(rows: Any) -> dict[str, Any]:
 
 
 def _describe(values: Sequence[float]) -> dict[str, Any]:
+    """Count, mean, standard deviation and range. The values are scaled by a power of two (an
+    exact scaling) where their sum or squares could pass a double's range: returns of 1e200 are
+    finite, and stored, but their squares are not."""
     if not values:
         return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
-    mean = math.fsum(values) / len(values)
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
-    return {"count": len(values), "mean": mean, "std": std, "min": min(values), "max": max(values)}
+    top = max(map(abs, values))
+    exponent = math.frexp(top)[1] if top > 2.0**500 else 0
+    scaled = [math.ldexp(v, -exponent) for v in values] if exponent else values
+    mean = math.fsum(scaled) / len(scaled)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in scaled) / len(scaled))
+    return {
+        "count": len(values),
+        "mean": math.ldexp(mean, exponent),  # within the values' range
+        "std": _ldexp_or_inf(std, exponent),  # up to twice their largest: may pass a double's
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def _ldexp_or_inf(value: float, exponent: int) -> float:
+    try:
+        return math.ldexp(value, exponent)
+    except OverflowError:
+        return math.inf
 
 
 def _schema(manifest: Any) -> list[str]:
