@@ -4,6 +4,8 @@ Its step and upload paths are those of the route table (:data:`server.routes.ROU
 those of :mod:`server.schemas`. A test walks every route of the app and checks it appears here, and
 a fuzz test (``tests/test_openapi_fuzz.py``) sends bodies made from these schemas, and mutations
 of them, and checks that every answer is a status listed here with a body that matches its schema.
+Schemathesis holds the server to it too (``tests/test_schemathesis.py``), and a client that
+openapi-python-client generates from it plays an episode (``tests/test_generated_client.py``).
 """
 
 from __future__ import annotations

@@ -176,50 +176,66 @@ def named_schemas(
     """The named schemas of requests and answers, for a server of these spaces."""
     step = {"observation": ref("Observation"), "reward": _FINITE, "info": _INFO}
     numbered = {"request": _REQUEST}
-    return {
-        "Error": object_schema(
-            error=object_schema(status=_INTEGER, message=_STRING),
-        ),
-        "Observation": space_schema(observation_space),
-        "Action": space_schema(action_space),
-        "Start": {
-            **object_schema([], episode_id={**ID, "type": ["string", "null"]}, **_START),
-            "description": "Every field may be left out (or null); the server names an episode "
-            "left unnamed, and a client_id left out is the caller's address.",
-        },
-        "BatchStart": {
-            **object_schema([], **_START),
-            "description": "A batch's start of the episode of its entry (an episode_id here "
-            "is not read); every field may be left out, as in Start.",
-        },
-        "Started": object_schema(episode_id=_STRING),
-        "Step": _forms(["observation"], step, numbered),
-        "LoggedStep": _forms(
-            ["observation", "action"], {**step, "action": ref("Action")}, numbered
-        ),
-        "EndStep": _forms(["observation"], step, {**numbered, "truncated": _TRUNCATED}),
-        "Returns": _forms([], {"reward": _FINITE, "info": _INFO}, multi_required=["rewards"]),
-        "Acted": {
-            "anyOf": [
-                object_schema(
-                    episode_id=_STRING,
-                    action={"description": "null after an end"},
-                    action_logp=_LOGP,
-                    policy_version=_VERSION,
-                ),
-                object_schema(
-                    episode_id=_STRING,
-                    actions=_keyed({}),
-                    action_logp=_keyed(_LOGP),
-                    policy_version=_VERSION,
-                ),
-            ]
-        },
-        "Ended": object_schema(episode_id=_STRING, ended={"const": True}),
-        "ReturnsTaken": object_schema(episode_id=_STRING),
-        **_batch_schemas(step),
-        **_upload_schemas(),
-    }
+    return _lifted(
+        {
+            "Error": object_schema(
+                error=object_schema(status=_INTEGER, message=_STRING),
+            ),
+            "Observation": space_schema(observation_space),
+            "Action": space_schema(action_space),
+            "Start": {
+                **object_schema([], episode_id={**ID, "type": ["string", "null"]}, **_START),
+                "description": "Every field may be left out (or null); the server names an episode "
+                "left unnamed, and a client_id left out is the caller's address.",
+            },
+            "BatchStart": {
+                **object_schema([], **_START),
+                "description": "A batch's start of the episode of its entry (an episode_id here "
+                "is not read); every field may be left out, as in Start.",
+            },
+            "Started": object_schema(episode_id=_STRING),
+            "Step": _forms(["observation"], step, numbered),
+            "LoggedStep": _forms(
+                ["observation", "action"], {**step, "action": ref("Action")}, numbered
+            ),
+            "EndStep": _forms(["observation"], step, {**numbered, "truncated": _TRUNCATED}),
+            "Returns": _forms([], {"reward": _FINITE, "info": _INFO}, multi_required=["rewards"]),
+            "Acted": {
+                "anyOf": [
+                    object_schema(
+                        episode_id=_STRING,
+                        action={"description": "null after an end"},
+                        action_logp=_LOGP,
+                        policy_version=_VERSION,
+                    ),
+                    object_schema(
+                        episode_id=_STRING,
+                        actions=_keyed({}),
+                        action_logp=_keyed(_LOGP),
+                        policy_version=_VERSION,
+                    ),
+                ]
+            },
+            "Ended": object_schema(episode_id=_STRING, ended={"const": True}),
+            "ReturnsTaken": object_schema(episode_id=_STRING),
+            **_batch_schemas(step),
+            **_upload_schemas(),
+        }
+    )
+
+
+def _lifted(schemas: dict[str, Any]) -> dict[str, Any]:
+    """Each form of a body, single-agent and multi-agent, as a schema of its own
+    (``StepSingleAgent``, ``StepMultiAgent``), which the body's schema names: a client generator
+    (openapi-python-client) cannot build a union of unnamed objects whose fields are unions."""
+    out: dict[str, Any] = {}
+    for name, schema in schemas.items():
+        members = schema.get("anyOf", ())
+        if len(members) == 2 and all(member.get("type") == "object" for member in members):
+            out[f"{name}SingleAgent"], out[f"{name}MultiAgent"] = members
+            schema = {**schema, "anyOf": [ref(f"{name}SingleAgent"), ref(f"{name}MultiAgent")]}
+        out[name] = schema
+    return out
 
 
 _START = {
@@ -255,11 +271,9 @@ def _batch_schemas(step: dict[str, Any]) -> dict[str, Any]:
             ),
             "description": "one entry per episode in every list, all of the same length",
         },
+        "BatchEntry": _forms(["episode_id", "observation"], step, {**entry, "start": start}),
         "BatchEpisodes": object_schema(
-            ["episodes"],
-            episodes=_column(
-                _forms(["episode_id", "observation"], step, {**entry, "start": start}), minItems=1
-            ),
+            ["episodes"], episodes=_column(ref("BatchEntry"), minItems=1)
         ),
         "BatchColumnsActed": object_schema(
             episode_ids=_column(_STRING),
