@@ -166,6 +166,7 @@ def _op(
 
 def _paths() -> dict[str, Any]:
     paths: dict[str, Any] = {}
+    per_episode = []  # the verbs of a started episode, which its start links to
     for route in routes.ROUTES:  # the routes both front ends answer
         summary, body, answer, statuses = _OPERATIONS[route.endpoint]
         path = routes.template(route.rule)
@@ -175,9 +176,10 @@ def _paths() -> dict[str, Any]:
             paths[path]["parameters"] = [
                 {"name": "episode_id", "in": "path", "required": True, "schema": ID}
             ]
+            per_episode.append(route.endpoint)
     started = paths[routes.template(routes.by_endpoint("start_episode").rule)]["post"]
     for status in ("200", "201"):
-        started["responses"][status]["links"] = _episode_links()
+        started["responses"][status]["links"] = _episode_links(per_episode)
     for endpoint, form in _BINARY_FORMS.items():
         path = routes.template(routes.by_endpoint(endpoint).rule)
         paths[path]["post"]["requestBody"]["content"][_ARROW] = {
@@ -240,10 +242,9 @@ def _paths() -> dict[str, Any]:
     }
 
 
-def _episode_links() -> dict[str, Any]:
-    """A started episode's id goes on in the path of each per-episode verb (OpenAPI links: a
+def _episode_links(verbs: list[str]) -> dict[str, Any]:
+    """A started episode's id goes on in the path of each of its ``verbs`` (OpenAPI links: a
     generated client or a stateful fuzzer follows them)."""
-    verbs = [r.endpoint for r in routes.ROUTES if "{episode_id}" in routes.template(r.rule)]
     return {
         verb: {"operationId": verb, "parameters": {"episode_id": "$response.body#/episode_id"}}
         for verb in verbs

@@ -28,7 +28,7 @@ def object_schema(required: list[str] | None = None, **properties: Any) -> dict[
     return {"type": "object", "required": required, "properties": properties}
 
 
-def closed(required: list[str], **properties: Any) -> dict[str, Any]:
+def _closed(required: list[str], **properties: Any) -> dict[str, Any]:
     """:func:`object_schema` with no other properties: an upload's rows name only columns."""
     return {**object_schema(required, **properties), "additionalProperties": False}
 
@@ -154,20 +154,30 @@ def _prefixed(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _forms(
+    name: str,
     required: list[str],
     fields: dict[str, Any],
     shared: dict[str, Any] | None = None,
     multi_required: list[str] | None = None,
 ) -> dict[str, Any]:
     """A body's single-agent form and its multi-agent twin, in which each of ``fields`` is keyed
-    by agent id under its plural name, beside ``dones``; ``shared`` fields are in both."""
+    by agent id under its plural name, beside ``dones``; ``shared`` fields are in both. Named
+    as :func:`_named` names them."""
     shared = shared or {}
-    plural = {f"{name}s": _keyed(schema) for name, schema in fields.items()}
+    plural = {f"{field}s": _keyed(schema) for field, schema in fields.items()}
     if multi_required is None:
-        multi_required = [f"{name}s" if name in fields else name for name in required]
+        multi_required = [f"{field}s" if field in fields else field for field in required]
     single = object_schema(required, **fields, **shared)
     multi = object_schema(multi_required, **plural, dones=_keyed(_BOOL), **shared)
-    return {"anyOf": [single, multi]}
+    return _named(name, single, multi)
+
+
+def _named(name: str, single: dict[str, Any], multi: dict[str, Any]) -> dict[str, Any]:
+    """Schema ``name``, either of its single-agent and multi-agent forms, each a schema of its
+    own (``StepSingleAgent``, ``StepMultiAgent``): a client generator (openapi-python-client)
+    cannot build a union of unnamed objects whose fields are unions."""
+    forms = {f"{name}SingleAgent": single, f"{name}MultiAgent": multi}
+    return {name: {"anyOf": [ref(form) for form in forms]}, **forms}
 
 
 def named_schemas(
@@ -176,66 +186,49 @@ def named_schemas(
     """The named schemas of requests and answers, for a server of these spaces."""
     step = {"observation": ref("Observation"), "reward": _FINITE, "info": _INFO}
     numbered = {"request": _REQUEST}
-    return _lifted(
-        {
-            "Error": object_schema(
-                error=object_schema(status=_INTEGER, message=_STRING),
+    return {
+        "Error": object_schema(
+            error=object_schema(status=_INTEGER, message=_STRING),
+        ),
+        "Observation": space_schema(observation_space),
+        "Action": space_schema(action_space),
+        "Start": {
+            **object_schema([], episode_id={**ID, "type": ["string", "null"]}, **_START),
+            "description": "Every field may be left out (or null); the server names an episode "
+            "left unnamed, and a client_id left out is the caller's address.",
+        },
+        "BatchStart": {
+            **object_schema([], **_START),
+            "description": "A batch's start of the episode of its entry (an episode_id here "
+            "is not read); every field may be left out, as in Start.",
+        },
+        "Started": object_schema(episode_id=_STRING),
+        **_forms("Step", ["observation"], step, numbered),
+        **_forms(
+            "LoggedStep", ["observation", "action"], {**step, "action": ref("Action")}, numbered
+        ),
+        **_forms("EndStep", ["observation"], step, {**numbered, "truncated": _TRUNCATED}),
+        **_forms("Returns", [], {"reward": _FINITE, "info": _INFO}, multi_required=["rewards"]),
+        **_named(
+            "Acted",
+            object_schema(
+                episode_id=_STRING,
+                action={"description": "null after an end"},
+                action_logp=_LOGP,
+                policy_version=_VERSION,
             ),
-            "Observation": space_schema(observation_space),
-            "Action": space_schema(action_space),
-            "Start": {
-                **object_schema([], episode_id={**ID, "type": ["string", "null"]}, **_START),
-                "description": "Every field may be left out (or null); the server names an episode "
-                "left unnamed, and a client_id left out is the caller's address.",
-            },
-            "BatchStart": {
-                **object_schema([], **_START),
-                "description": "A batch's start of the episode of its entry (an episode_id here "
-                "is not read); every field may be left out, as in Start.",
-            },
-            "Started": object_schema(episode_id=_STRING),
-            "Step": _forms(["observation"], step, numbered),
-            "LoggedStep": _forms(
-                ["observation", "action"], {**step, "action": ref("Action")}, numbered
+            object_schema(
+                episode_id=_STRING,
+                actions=_keyed({}),
+                action_logp=_keyed(_LOGP),
+                policy_version=_VERSION,
             ),
-            "EndStep": _forms(["observation"], step, {**numbered, "truncated": _TRUNCATED}),
-            "Returns": _forms([], {"reward": _FINITE, "info": _INFO}, multi_required=["rewards"]),
-            "Acted": {
-                "anyOf": [
-                    object_schema(
-                        episode_id=_STRING,
-                        action={"description": "null after an end"},
-                        action_logp=_LOGP,
-                        policy_version=_VERSION,
-                    ),
-                    object_schema(
-                        episode_id=_STRING,
-                        actions=_keyed({}),
-                        action_logp=_keyed(_LOGP),
-                        policy_version=_VERSION,
-                    ),
-                ]
-            },
-            "Ended": object_schema(episode_id=_STRING, ended={"const": True}),
-            "ReturnsTaken": object_schema(episode_id=_STRING),
-            **_batch_schemas(step),
-            **_upload_schemas(),
-        }
-    )
-
-
-def _lifted(schemas: dict[str, Any]) -> dict[str, Any]:
-    """Each form of a body, single-agent and multi-agent, as a schema of its own
-    (``StepSingleAgent``, ``StepMultiAgent``), which the body's schema names: a client generator
-    (openapi-python-client) cannot build a union of unnamed objects whose fields are unions."""
-    out: dict[str, Any] = {}
-    for name, schema in schemas.items():
-        members = schema.get("anyOf", ())
-        if len(members) == 2 and all(member.get("type") == "object" for member in members):
-            out[f"{name}SingleAgent"], out[f"{name}MultiAgent"] = members
-            schema = {**schema, "anyOf": [ref(f"{name}SingleAgent"), ref(f"{name}MultiAgent")]}
-        out[name] = schema
-    return out
+        ),
+        "Ended": object_schema(episode_id=_STRING, ended={"const": True}),
+        "ReturnsTaken": object_schema(episode_id=_STRING),
+        **_batch_schemas(step),
+        **_upload_schemas(),
+    }
 
 
 _START = {
@@ -271,7 +264,7 @@ def _batch_schemas(step: dict[str, Any]) -> dict[str, Any]:
             ),
             "description": "one entry per episode in every list, all of the same length",
         },
-        "BatchEntry": _forms(["episode_id", "observation"], step, {**entry, "start": start}),
+        **_forms("BatchEntry", ["episode_id", "observation"], step, {**entry, "start": start}),
         "BatchEpisodes": object_schema(
             ["episodes"], episodes=_column(ref("BatchEntry"), minItems=1)
         ),
@@ -290,7 +283,7 @@ def _batch_schemas(step: dict[str, Any]) -> dict[str, Any]:
 def _upload_schemas() -> dict[str, Any]:
     agent_id = {"type": "string", "minLength": 1}
     row = {"episode_id": ID, "agent_id": agent_id, "training_enabled": _BOOL}
-    step = closed(
+    step = _closed(
         list(REQUIRED_STEP_COLUMNS),
         **row,
         t={"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
@@ -305,7 +298,7 @@ def _upload_schemas() -> dict[str, Any]:
         info=_INFO,
     )
     when = {"type": "string", "format": "date-time", "description": "ISO 8601, with its zone"}
-    episode = closed(
+    episode = _closed(
         ["episode_id", "started_at", "ended_at", "length", "return", "end_reason"],
         **row,
         started_at=when,
