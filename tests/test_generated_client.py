@@ -58,16 +58,23 @@ def test_a_client_generated_from_the_document_plays_an_episode(tmp_path: Path) -
     with running_server(cartpole_config(tmp_path / "ds")) as server:
         document = requests.get(server.url + "/v1/openapi.json", timeout=5).text
         (tmp_path / "openapi.json").write_text(document)
-        generate = [sys.executable, "-m", "openapi_python_client", "generate", "--meta", "none",
-                    "--path", "openapi.json", "--config", "config.yaml",
-                    "--output-path", "rlpipe_client"]  # fmt: skip
+        generate = [
+            *(sys.executable, "-m", "openapi_python_client", "generate", "--meta", "none"),
+            *("--path", "openapi.json", "--config", "config.yaml"),
+            *("--output-path", "rlpipe_client"),
+        ]
         generated = subprocess.run(generate, cwd=tmp_path, capture_output=True, text=True)
         assert generated.returncode == 0, generated.stdout + generated.stderr
         said = generated.stdout + generated.stderr
         assert "Warning" not in said and "WARNING" not in said, said  # every operation made
         env = dict(os.environ, PYTHONPATH=str(tmp_path))
-        played = subprocess.run([sys.executable, "-c", PLAY, server.url], env=env,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        played = subprocess.run(
+            [sys.executable, "-c", PLAY, server.url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert played.returncode == 0, played.stderr[-3000:]
     actions = int(played.stdout.split()[-1])
     steps = pd.read_parquet(tmp_path / "ds" / "steps").sort_values("t")

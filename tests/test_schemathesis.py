@@ -80,8 +80,12 @@ def _check_dataset(data: Path, env: dict[str, str]) -> None:
     inspected = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert inspected.returncode == 0, inspected.stderr[-3000:]
     report = json.loads(inspected.stdout)
-    assert report["health"] == {"uncommitted": [], "unreadable": [], "pending_log": [],
-                                "damaged": []}  # fmt: skip
+    assert report["health"] == {
+        "uncommitted": [],
+        "unreadable": [],
+        "pending_log": [],
+        "damaged": [],
+    }
     steps = pd.read_parquet(data / "steps")
     assert report["rows"] == len(steps) > 0
     assert steps["reward"].map(math.isfinite).all() and (steps["t"] >= 0).all()

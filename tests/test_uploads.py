@@ -45,6 +45,17 @@ def _send_upload(url: str, client: str, seq: int, table: pa.Table,
     return requests.post(url + "/v1/uploads", data=sink.getvalue(), headers=headers, timeout=10)
 
 
+_JSON_ROW = {  # one CartPole step row as a JSON upload holds it
+    "t": 0,
+    "observation": [0.0] * 4,
+    "action": 0,
+    "reward": 1.0,
+    "next_observation": [0.0] * 4,
+    "terminated": True,
+    "truncated": False,
+}
+
+
 def _steps_table(episode: str, n: int) -> pa.Table:
     env = gym.make("CartPole-v1")
     observations = samples.sample_batch(env.observation_space, n + 1, seed=0)
@@ -252,8 +263,7 @@ def test_a_json_upload_with_a_float_in_an_integer_column_is_refused_not_truncate
     """pyarrow stores a Python float in an int64 column as its integer part (t 1.5 as 1); the
     server names the field instead, also when the upload's number was stored before, and
     writes nothing (Schemathesis found t 2.6e-42 stored as 0)."""
-    row = {"episode_id": "f", "t": 0, "observation": [0.0] * 4, "action": 0, "reward": 1.0,
-           "next_observation": [0.0] * 4, "terminated": True, "truncated": False}  # fmt: skip
+    row = {**_JSON_ROW, "episode_id": "f"}
     with running_server(cartpole_config(tmp_path / "ds")) as server:
 
         def send(seq: int, **changed: Any) -> requests.Response:
@@ -279,8 +289,7 @@ def test_a_json_upload_with_a_float_in_an_integer_column_is_refused_not_truncate
 def test_an_upload_names_its_episodes_and_agents_as_the_step_verbs_do(tmp_path: Path) -> None:
     """An upload of episode '..' or of agent '' is refused whole (Schemathesis found both
     stored): such an episode could never be named in a URL, nor such an agent in a body."""
-    row = {"episode_id": "ok", "t": 0, "observation": [0.0] * 4, "action": 0, "reward": 1.0,
-           "next_observation": [0.0] * 4, "terminated": True, "truncated": False}  # fmt: skip
+    row = {**_JSON_ROW, "episode_id": "ok"}
     bad = [("episode_id", ".."), ("episode_id", "x" * 201), ("episode_id", ""), ("agent_id", "")]
     with running_server(cartpole_config(tmp_path / "ds")) as server:
         for seq, (field, value) in enumerate(bad):
