@@ -36,7 +36,6 @@ _STEP_COLUMNS = [
     "terminated",
     "truncated",
 ]
-_LIST_LIMIT = 20
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.commands.report import text_report
     from pipeline.dataset.location import locate
 
     dataset = locate(args.dir, storage_options("inspect", args.storage_option))
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         repaired = repair(dataset)
         print(json.dumps(repaired, indent=2) if args.json else format_repair(repaired))
     report = inspect_dataset(dataset, plot=args.plot, html=args.html)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    print(json.dumps(report, indent=2) if args.json else text_report(report))
     return 0
 
 
@@ -138,7 +138,7 @@ def _html(
     out: str | Path,
 ) -> Path:
     """The HTML report, with the observations and actions of the first rows."""
-    from pipeline.commands.report import sample_rows, write_report
+    from pipeline.commands.report import sample_rows, text_report, write_report
     from pipeline.dataset import discovery
     from pipeline.dataset.storage_types import restore
     from pipeline.format import layout, schema
@@ -155,44 +155,7 @@ def _html(
     else:
         sample = step_schema.empty_table().select(columns)
     tables = (steps, episodes, sample)
-    return write_report(report, format_report(report), spaces, tables, out).resolve()
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The report as a screenful of text."""
-    table, health = report["episodes_table"], report["health"]
-    lines = [
-        f"dataset        {report['path']}  (format {report['format_version']}, created "
-        f"{report['created_at']})",
-        f"env            {report['env_id'] or '(external simulator)'}",
-        f"observation    {report['spaces']['observation']}",
-        f"action         {report['spaces']['action']}",
-        f"shards         {report['shards']['steps']} step, {report['shards']['episodes']} episode "
-        f"({report['bytes']:,} bytes)",
-        f"rows           {report['rows']:,}",
-        f"episodes       {report['episodes']['complete']:,} complete, "
-        f"{report['episodes']['incomplete']:,} incomplete in steps; {table['rows']:,} in the "
-        f"episodes table {_counts(table['end_reasons'])}",
-        f"clients        {_names(report['clients'])}",
-        f"agents         {_names(report['agents'])}",
-        f"policy         {_versions(report['policy_versions'])}",
-        f"dates          {report['date_range']['first']} .. {report['date_range']['last']}",
-        f"returns        {_stats(report['returns'])}",
-        f"lengths        {_stats(report['lengths'])}",
-        "schema         " + ", ".join(report["schema"]),
-    ]
-    problems = (
-        [f"uncommitted file {name}" for name in health["uncommitted"]]
-        + [f"pending log segment {name}" for name in health["pending_log"]]
-        + [f"unreadable file {d['file']}: {d['problem']}" for d in health["damaged"]]
-    )
-    lines.append("health         " + ("ok" if not problems else f"{len(problems)} problems"))
-    lines += [f"  - {problem}" for problem in problems]
-    if "plot" in report:
-        lines.append(f"plot           {report['plot']}")
-    if "html" in report:
-        lines.append(f"html report    {report['html']}")
-    return "\n".join(lines)
+    return write_report(report, text_report(report), spaces, tables, out).resolve()
 
 
 def plot_episodes(returns: list[float], lengths: list[int], out: str | Path) -> Path:
@@ -377,29 +340,3 @@ def _schema(manifest: Any) -> list[str]:
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
-
-
-def _stats(stats: dict[str, Any]) -> str:
-    if not stats["count"]:
-        return "(no ended episodes)"
-    return (
-        f"mean {stats['mean']:.4g}, std {stats['std']:.4g}, min {stats['min']:.4g}, "
-        f"max {stats['max']:.4g} over {stats['count']} episodes (from the {stats['source']} "
-        "table)"
-    )
-
-
-def _names(names: list[str]) -> str:
-    shown = ", ".join(repr(name) for name in names[:_LIST_LIMIT])
-    more = f", ... ({len(names)} in all)" if len(names) > _LIST_LIMIT else ""
-    return f"{len(names)}: {shown}{more}" if names else "0"
-
-
-def _versions(versions: list[int]) -> str:
-    if not versions:
-        return "no policy versions recorded"
-    return f"{len(versions)} versions, {versions[0]} .. {versions[-1]}"
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return "(" + ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items())) + ")"

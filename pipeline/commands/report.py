@@ -1,4 +1,5 @@
-"""``rlpipe inspect DIR --html REPORT.html``: a dataset's report as one self-contained HTML file.
+"""A dataset's report (:mod:`pipeline.commands.inspection`) as a screenful of text, and with
+``rlpipe inspect DIR --html REPORT.html`` as one self-contained HTML file.
 
 The file holds its data (JSON), its chart script (:mod:`pipeline.charts`, inline SVG) and its
 styles, and loads nothing, so it can be mailed or attached to a ticket and opened anywhere. It
@@ -28,6 +29,7 @@ from pipeline import charts
 SAMPLE_ROWS = 200_000  # observation and action rows read for their ranges and distribution
 SAMPLE_BYTES = 64 * 2**20  # ... and at most this many bytes of observations (camera frames)
 FRAMES = 16  # frames in the thumbnail strip of an image dataset
+_LIST_LIMIT = 20  # names listed in the text
 SHOWN_DIMS = 64  # observation dimensions listed one by one
 HISTOGRAM_BINS = 30
 
@@ -210,3 +212,66 @@ def flat_size(space: gym.Space[Any]) -> int:
     from pipeline.format.flattening import flatdim
 
     return int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) else flatdim(space)
+
+
+def text_report(report: dict[str, Any]) -> str:
+    """The report as a screenful of text."""
+    table, health = report["episodes_table"], report["health"]
+    lines = [
+        f"dataset        {report['path']}  (format {report['format_version']}, created "
+        f"{report['created_at']})",
+        f"env            {report['env_id'] or '(external simulator)'}",
+        f"observation    {report['spaces']['observation']}",
+        f"action         {report['spaces']['action']}",
+        f"shards         {report['shards']['steps']} step, {report['shards']['episodes']} episode "
+        f"({report['bytes']:,} bytes)",
+        f"rows           {report['rows']:,}",
+        f"episodes       {report['episodes']['complete']:,} complete, "
+        f"{report['episodes']['incomplete']:,} incomplete in steps; {table['rows']:,} in the "
+        f"episodes table {_counts(table['end_reasons'])}",
+        f"clients        {_names(report['clients'])}",
+        f"agents         {_names(report['agents'])}",
+        f"policy         {_versions(report['policy_versions'])}",
+        f"dates          {report['date_range']['first']} .. {report['date_range']['last']}",
+        f"returns        {_stats(report['returns'])}",
+        f"lengths        {_stats(report['lengths'])}",
+        "schema         " + ", ".join(report["schema"]),
+    ]
+    problems = (
+        [f"uncommitted file {name}" for name in health["uncommitted"]]
+        + [f"pending log segment {name}" for name in health["pending_log"]]
+        + [f"unreadable file {d['file']}: {d['problem']}" for d in health["damaged"]]
+    )
+    lines.append("health         " + ("ok" if not problems else f"{len(problems)} problems"))
+    lines += [f"  - {problem}" for problem in problems]
+    if "plot" in report:
+        lines.append(f"plot           {report['plot']}")
+    if "html" in report:
+        lines.append(f"html report    {report['html']}")
+    return "\n".join(lines)
+
+
+def _stats(stats: dict[str, Any]) -> str:
+    if not stats["count"]:
+        return "(no ended episodes)"
+    return (
+        f"mean {stats['mean']:.4g}, std {stats['std']:.4g}, min {stats['min']:.4g}, "
+        f"max {stats['max']:.4g} over {stats['count']} episodes (from the {stats['source']} "
+        "table)"
+    )
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(repr(name) for name in names[:_LIST_LIMIT])
+    more = f", ... ({len(names)} in all)" if len(names) > _LIST_LIMIT else ""
+    return f"{len(names)}: {shown}{more}" if names else "0"
+
+
+def _versions(versions: list[int]) -> str:
+    if not versions:
+        return "no policy versions recorded"
+    return f"{len(versions)} versions, {versions[0]} .. {versions[-1]}"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return "(" + ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items())) + ")"

@@ -26,7 +26,7 @@ import pyarrow as pa
 from pipeline.dataset import records
 from pipeline.dataset.wal import Segment
 from pipeline.errors import DatasetError
-from pipeline.format.schema import json_text
+from pipeline.format.json_text import text as json_text
 
 MAX_LIST = 64  # values in a fixed-size list column; larger ones (images) are logged as Arrow
 _PACK_MIN = 8  # rows from which a scalar column is packed: for fewer, its values cost less

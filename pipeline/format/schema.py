@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import operator
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import Problem, SchemaError
-from pipeline.format import codec, layout, seeds, spaces
+from pipeline.format import codec, json_text, layout, seeds, spaces
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 END_REASONS = ("terminated", "truncated", "closed")
@@ -318,61 +317,6 @@ def _convert_float(field: pa.Field, values: Any) -> pa.Array:
     return array
 
 
-def _convert_json(field: pa.Field, values: Any) -> pa.Array:
-    """``info`` and ``reset_options`` take dicts (serialized here) or JSON text (checked here).
-
-    Arrow text is checked in place: only its non-null rows are parsed (an upload's ``info`` is
-    mostly null, and listing every row cost most of validating the batch).
-    """
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if isinstance(values, pa.Array) and pa.types.is_string(values.type):
-        present = values.is_valid()
-        rows = np.flatnonzero(present.to_numpy(zero_copy_only=False))
-        for row, text in zip(rows.tolist(), values.filter(present).to_pylist(), strict=True):
-            _json_text(field.name, text, row)
-        return values
-    if isinstance(values, pa.Array):
-        values = values.to_pylist()
-    if all(_each_is(values, None)):  # most steps carry no info
-        return pa.nulls(len(values), pa.string())
-    texts = [_json_text(field.name, value, row) for row, value in enumerate(values)]
-    try:
-        return pa.array(texts, type=pa.string())
-    except UnicodeEncodeError as error:  # a lone surrogate: JSON text carries it, UTF-8 cannot
-        row = next(i for i, text in enumerate(texts) if text and _SURROGATE.search(text))
-        raise SchemaError.single(field.name, "UTF-8 text", error.reason, row) from None
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, always lone: UTF-8 cannot encode it
-
-
-def _json_text(name: str, value: Any, row: int) -> str | None:
-    try:
-        return json_text(value)
-    except json.JSONDecodeError:
-        raise SchemaError.single(name, "JSON text", repr(value[:40]), row) from None
-    except (TypeError, ValueError) as error:
-        raise SchemaError.single(name, "JSON-serializable data", str(error), row) from None
-
-
-def json_text(value: Any) -> str | None:
-    """An info or reset-options value as the JSON text stored (text must be JSON already)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        json.loads(value)
-        return value
-    return json.dumps(value, allow_nan=False, default=json_default)
-
-
-def json_default(value: Any) -> Any:
-    """numpy scalars and arrays are common in ``info`` dicts; anything else is refused."""
-    if isinstance(value, np.generic | np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
 def _convert_id(field: pa.Field, values: Any) -> pa.Array:
     array = _convert_generic(field, values)
     if field.name == "episode_id":
@@ -403,8 +347,8 @@ _CONVERTERS: dict[str, Callable[[pa.Field, Any], pa.Array]] = {
     "reward": _convert_float,
     "action_logp": _convert_float,
     "return": _convert_float,
-    "info": _convert_json,
-    "reset_options": _convert_json,
+    "info": json_text.column,
+    "reset_options": json_text.column,
     "episode_id": _convert_id,
     "agent_id": _convert_id,
     "t": _convert_t,
