@@ -105,4 +105,5 @@ class PolicyRunner:
         if discrete:
             return np.asarray(actions, np.int64).tolist(), logp, version
         # exactly what the column will hold (and refuses a NaN a bad network made)
-        return codec.to_arrow(self.action_space, actions, field="action").to_pylist(), logp, version
+        column = codec.to_arrow(self.action_space, actions, field="action")
+        return codec.to_json_rows(self.action_space, column), logp, version

@@ -213,13 +213,13 @@ def named_schemas(
             "Acted",
             object_schema(
                 episode_id=_STRING,
-                action={"description": "null after an end"},
+                action={**_ACTION_OR_NULL, "description": "null after an end"},
                 action_logp=_LOGP,
                 policy_version=_VERSION,
             ),
             object_schema(
                 episode_id=_STRING,
-                actions=_keyed({}),
+                actions=_keyed(ref("Action")),
                 action_logp=_keyed(_LOGP),
                 policy_version=_VERSION,
             ),
@@ -231,6 +231,7 @@ def named_schemas(
     }
 
 
+_ACTION_OR_NULL = {"anyOf": [ref("Action"), {"type": "null"}]}
 _START = {
     "training_enabled": _BOOL,
     "seed": _SEED,
@@ -270,7 +271,7 @@ def _batch_schemas(step: dict[str, Any]) -> dict[str, Any]:
         ),
         "BatchColumnsActed": object_schema(
             episode_ids=_column(_STRING),
-            actions=_column({}),
+            actions=_column({**_ACTION_OR_NULL, "description": "null for an episode it ended"}),
             action_logp=_column(_LOGP),
             policy_version=_VERSION,
         ),

@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from conftest import play_client
 from server_fixtures import cartpole_config, free_port, kill, running_server, start_serve_process
@@ -27,6 +28,7 @@ from pipeline.client import (
     base_url,
 )
 from pipeline.errors import SchemaError
+from pipeline.format.codec import to_arrow_rows
 from server.config import ServerConfig
 
 
@@ -55,6 +57,45 @@ def test_cartpole_episodes_land_once_each_step(tmp_path: Path, mode: str) -> Non
         observation = np.stack(episode["observation"].to_numpy())
         next_observation = np.stack(episode["next_observation"].to_numpy())
         np.testing.assert_array_equal(observation[1:], next_observation[:-1])
+
+
+_ACTION_SPACES = {
+    "tuple": gym.spaces.Tuple(
+        (gym.spaces.MultiDiscrete([3, 5]), gym.spaces.Box(-2, 2, (2,), np.float64))
+    ),
+    "dict-of-tuple": gym.spaces.Dict(
+        {"move": gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.MultiBinary(2)))}
+    ),
+    "multi-discrete": gym.spaces.MultiDiscrete([2, 4]),
+    "multi-binary": gym.spaces.MultiBinary(3),
+    "box": gym.spaces.Box(-1, 1, (3,), np.float32),
+}
+
+
+@pytest.mark.parametrize("mode", ["remote", "local"])
+@pytest.mark.parametrize("name", sorted(_ACTION_SPACES))
+def test_a_random_action_comes_back_as_the_space_takes_it_and_is_stored(
+    tmp_path: Path, mode: str, name: str
+) -> None:
+    """Without a policy the server acts at random. Its action must be one the space contains,
+    in the form the env takes it in either mode, and the step it opens must complete: a Tuple's
+    came back as an object keyed "0", "1", which the next call of the episode then refused."""
+    space = _ACTION_SPACES[name]
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    config = ServerConfig(tmp_path / "ds", observation_space, space, None)
+    with running_server(config) as server:
+        client = PolicyClient(server.url, inference_mode=mode, spool_dir=tmp_path / "spool")
+        episode_id = client.start_episode()
+        observation = np.zeros(2, np.float32)
+        actions = [client.get_action(episode_id, observation) for _ in range(2)]
+        client.end_episode(episode_id, observation)
+        assert client.close()
+    sampled = space.sample()
+    for action in actions:
+        assert space.contains(action), action
+        assert type(action) is type(sampled)
+    stored = pq.read_table(tmp_path / "ds" / "steps", columns=["t", "action"]).sort_by("t")
+    assert stored.column("action").to_pylist() == to_arrow_rows(space, actions).to_pylist()
 
 
 def test_any_episode_id_travels_in_the_url_quoted(tmp_path: Path) -> None:

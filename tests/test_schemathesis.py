@@ -31,10 +31,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pandas as pd
 import pytest
 from server_fixtures import cartpole_checkpoint
 
+from pipeline.format.spaces import space_to_json
 from server import process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,11 +48,14 @@ allow-extra-parameters = false
 """
 
 
-def test_schemathesis_finds_the_server_true_to_its_document(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spaces", ["cartpole", "containers"])
+def test_schemathesis_finds_the_server_true_to_its_document(tmp_path: Path, spaces: str) -> None:
+    """CartPole's server has a policy. The other has a Dict observation and a Tuple action, and
+    acts at random: its run found a Tuple's action answered as an object ({"0": ..., "1": ...}),
+    which the episode's next call refused, so that no step of it was ever stored."""
     pytest.importorskip("schemathesis", reason="schemathesis is a test dependency: .[test]")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), RLPIPE_TOKEN=TOKEN)
-    cartpole_checkpoint(tmp_path / "ds" / "checkpoints", 1)  # weights answer 200 and 304 too
-    arguments = ["--data", str(tmp_path / "ds"), "--env", "CartPole-v1", "--threads", "2"]
+    arguments = ["--data", str(tmp_path / "ds"), "--threads", "2", *_spaces(spaces, tmp_path)]
     server, address = process.start(arguments, env=env, cwd=ROOT)
     (tmp_path / "schemathesis.toml").write_text(CONFIG)
     command = [
@@ -71,6 +77,22 @@ def test_schemathesis_finds_the_server_true_to_its_document(tmp_path: Path) -> N
     assert " passed" in run.stdout and "Stateful" in run.stdout, run.stdout[-3000:]
     assert stopped == 0
     _check_dataset(tmp_path / "ds", env)
+
+
+def _spaces(name: str, tmp_path: Path) -> list[str]:
+    if name == "cartpole":
+        cartpole_checkpoint(tmp_path / "ds" / "checkpoints", 1)  # weights answer 200 and 304 too
+        return ["--env", "CartPole-v1"]
+    observation_space = gym.spaces.Dict(
+        {"pos": gym.spaces.Box(-1, 1, (3,), np.float32), "mode": gym.spaces.Discrete(3)}
+    )
+    action_space = gym.spaces.Tuple(
+        (gym.spaces.MultiDiscrete([3, 5]), gym.spaces.Box(-2, 2, (2,), np.float64))
+    )
+    doc = {"observation_space": space_to_json(observation_space)}
+    doc["action_space"] = space_to_json(action_space)
+    (tmp_path / "spaces.json").write_text(json.dumps(doc))
+    return ["--spaces", str(tmp_path / "spaces.json")]
 
 
 def _check_dataset(data: Path, env: dict[str, str]) -> None:

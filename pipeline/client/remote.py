@@ -148,8 +148,9 @@ class RemoteInference:
         return True
 
     def decode(self, value: Any) -> Any:
-        """The server's action as the env takes it (the space is read for a list only)."""
-        return decoded(self.spaces()[1], value) if isinstance(value, list) else value
+        """The server's action as the env takes it (the space is read for a list or an object
+        only: a Discrete's int is as it came)."""
+        return decoded(self.spaces()[1], value) if isinstance(value, list | dict) else value
 
     def _request(
         self, episode_id: str, verb: str, observation: Any, multiagent: bool, extra: dict[str, Any]
@@ -183,14 +184,20 @@ def opened(episodes: dict[str, _E], episode_id: str) -> _E:
 
 
 def decoded(action_space: gym.Space[Any], value: Any) -> Any:
-    """An action as JSON gave it, as the env takes it (a Box's as an array of its dtype)."""
-    if isinstance(value, list) and isinstance(action_space, gym.spaces.Box):
+    """An action as JSON gave it, in the form the space's own samples have, as local inference
+    gives it: an array of the space's dtype for a Box, MultiDiscrete or MultiBinary, a tuple for
+    a Tuple, a dict for a Dict, each part decoded alike (a Discrete's int as it came)."""
+    if isinstance(action_space, gym.spaces.Box | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
         return np.asarray(value, dtype=action_space.dtype)
+    if isinstance(action_space, gym.spaces.Tuple):
+        return tuple(decoded(part, item) for part, item in zip(action_space, value, strict=True))
+    if isinstance(action_space, gym.spaces.Dict):
+        return {name: decoded(part, value[name]) for name, part in action_space.items()}
     return value
 
 
 def decoded_all(action_space: gym.Space[Any], values: list[Any]) -> list[Any]:
     """:func:`decoded` of each of a batch's actions (None, for an ended episode, stays None)."""
-    if not isinstance(action_space, gym.spaces.Box):
-        return values  # every other space's actions are as JSON gave them
-    return [decoded(action_space, value) for value in values]
+    if isinstance(action_space, gym.spaces.Discrete):
+        return values  # ints, as JSON gave them
+    return [None if value is None else decoded(action_space, value) for value in values]
