@@ -2,10 +2,14 @@
 
 A client names itself (``client_id``) and numbers its uploads (``seq``). While the server runs it
 remembers which numbers each client has delivered, so a retry of an acknowledged upload is
-answered without writing again. After a restart that memory is gone, so the first upload from a
-client the server has not yet seen is checked against the rows already in the dataset: rows whose
-key (episode, agent, ``t``; episode and agent for the episodes table) is stored are dropped. Every
-acknowledged row is in the dataset by then, because a new writer recovers the log of a dead one.
+answered without writing again. After a restart that memory is gone, so a client's uploads are
+checked against the rows already in the dataset: rows whose key (episode, agent, ``t``; episode
+and agent for the episodes table) is stored are dropped. Every acknowledged row is in the dataset
+by then, because a new writer recovers the log of a dead one. The checks stop once an upload of
+the client is stored in which no row was stored before: a client sends its spooled batches
+oldest first, a split batch's parts where the batch stood (``pipeline.client.spool``), so by
+then every batch the last server may have stored without answering has come again. Until then
+each upload is checked: a batch that server stored whole may come back in halves.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class UploadLedger:
     def __init__(self, writer: DatasetWriter) -> None:
         self._writer = writer
         self._seen: dict[str, set[int]] = defaultdict(set)
+        self._caught_up: set[str] = set()  # clients whose uploads are no longer checked
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._lock = threading.Lock()
         self._clients: dict[str, set[str]] = {}  # table -> client ids stored before this run
@@ -67,9 +72,10 @@ class UploadLedger:
         with self._lock:
             lock = self._locks[client_id]
         with lock:
-            known = client_id in self._seen
-            if seq in self._seen[client_id]:
+            if seq in self._seen.get(client_id, ()):
                 return {"stored": {name: 0 for name in tables}, "duplicate": True}
+            checked = client_id not in self._caught_up
+            stored_before = False  # rows of this upload the dataset held already
             stored = self._partial.pop((client_id, seq), {})  # a retry: these are in already
             for name, table in tables.items():
                 if name in stored:
@@ -77,10 +83,12 @@ class UploadLedger:
                 # the server, not the rows, says which client sent them: the ledger's keys
                 table = _with_text(table, "agent_id", layout.DEFAULT_AGENT_ID, replace=False)
                 table = _with_text(table, "client_id", client_id)
-                if not known:
+                if checked:
+                    given = table.num_rows
                     table = self._unstored(
                         name, table, client_id, steps_timed or name != layout.STEPS
                     )
+                    stored_before = stored_before or table.num_rows < given
                 writer = self._writer
                 append = writer.append if name == layout.STEPS else writer.append_episodes
                 try:
@@ -93,10 +101,12 @@ class UploadLedger:
             seen.add(seq)
             if len(seen) > _REMEMBER:
                 seen.discard(min(seen))
+            if checked and not stored_before:
+                self._caught_up.add(client_id)
             return {"stored": stored, "duplicate": False}
 
     def _unstored(self, name: str, table: pa.Table, client_id: str, timed: bool) -> pa.Table:
-        """The rows of ``table`` not yet in the dataset (checked once per client per server run).
+        """The rows of ``table`` not yet in the dataset (while the client's uploads are checked).
 
         A retry carries the times the client gave its rows, and stored rows keep them, so only
         row groups whose time statistics overlap the upload's are read: the check costs what

@@ -64,6 +64,21 @@ def test_spool_names_batches_by_client_and_number_and_lists_oldest_first(tmp_pat
     assert _rows(pending[1][0].read_bytes()) == [1]
 
 
+def test_the_parts_of_a_split_batch_are_listed_where_the_batch_stood(tmp_path: Path) -> None:
+    """A server may store a batch and die before answering, and its successor checks only a
+    client's first uploads against what is stored (``server.uploads``). So the parts of a batch
+    split before the outage must go out before the batches made during it: numbered from 2**40,
+    they went last, and the outage test stored a half of a batch twice."""
+    store = Spool(tmp_path)
+    body = to_ipc(_build("steps", [{"n": 1}]))
+    left, right = spool._halves(7) or (0, 0)
+    left_left, left_right = spool._halves(left) or (0, 0)
+    for seq in (9, right, 8, left_right, left_left, 6):
+        store.put("a", seq, "steps", body)
+    order = [seq for _, _, seq, _ in store.pending()]
+    assert order == [6, left_left, left_right, right, 8, 9]
+
+
 def test_uploader_retries_after_the_wait_the_server_asks_for(tmp_path: Path) -> None:
     delivered: list[tuple[str, int, str, list[int]]] = []
     refusals = iter([0.05, 0.05])

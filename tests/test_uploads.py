@@ -104,6 +104,26 @@ def test_a_timed_upload_retried_after_a_restart_is_checked_within_its_times(
     assert len(pd.read_parquet(data / "steps")) == 15
 
 
+def test_a_batch_stored_whole_and_retried_in_halves_after_a_restart_is_stored_once(
+    tmp_path: Path,
+) -> None:
+    """The server that stored the batch died before answering, and its successor refuses bodies
+    that large (413): the client sends it again in halves. Each half is checked against what is
+    stored, not only the first upload after the restart, which let the second half in again."""
+    data = tmp_path / "ds"
+    when = pa.array([datetime(2026, 11, 20, tzinfo=UTC)] * 10, pa.timestamp("us", tz="UTC"))
+    batch = _steps_table("a", 10).append_column("logged_at", when)
+    with running_server(cartpole_config(data)) as server:
+        assert _upload(server.url, "c1", 7, batch)["stored"] == {"steps": 10}
+    left, right = 2**40 + 7 * 1024 + 2, 2**40 + 7 * 1024 + 3  # spool._halves(7)
+    with running_server(cartpole_config(data)) as server:
+        assert _upload(server.url, "c1", left, batch.slice(0, 5))["stored"] == {"steps": 0}
+        assert _upload(server.url, "c1", right, batch.slice(5))["stored"] == {"steps": 0}
+        assert _upload(server.url, "c1", 8, _steps_table("b", 4))["stored"] == {"steps": 4}
+    steps = pd.read_parquet(data / "steps")
+    assert len(steps) == 14 and not steps.duplicated(["episode_id", "t"]).any()
+
+
 def test_a_server_behind_in_writing_answers_503_and_a_retry_stores_once(tmp_path: Path) -> None:
     """Every upload rolls a shard and one rolled shard waiting is the limit, with no wait for
     the writer: four clients uploading back to back soon meet a writer still writing a shard

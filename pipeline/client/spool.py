@@ -90,6 +90,16 @@ def _halves(seq: int) -> tuple[int, int] | None:
     return first, first + 1
 
 
+def _place(seq: int) -> tuple[int, int]:
+    """Where batch ``seq`` stands among the batches: its first ancestor's number, then where its
+    rows begin in that batch's, in 1024ths (the halves of part ``p`` are ``2p`` and ``2p + 1``)."""
+    if seq < _SPLIT_BASE:
+        return seq, 0
+    block, part = divmod(seq - _SPLIT_BASE, _PARTS)
+    depth = part.bit_length() - 1
+    return block, (part - (1 << depth)) << (_PARTS.bit_length() - 1 - depth)
+
+
 class Spool:
     """A directory of batches waiting for the server, named ``{client}-{seq}-{table}.arrows``."""
 
@@ -108,13 +118,16 @@ class Spool:
         return path
 
     def pending(self) -> list[tuple[Path, str, int, str]]:
-        """Spooled batches, oldest number first: (path, client id, seq, table)."""
+        """Spooled batches, oldest first: (path, client id, seq, table). A split batch's parts
+        stand where the batch stood, in the order of its rows: the batch the server may have
+        stored without answering is the oldest, and must go first (the server checks a client's
+        first uploads after a restart against what it stored; ``server.uploads``)."""
         found = []
         for path in self.directory.iterdir():
             match = _NAME_RE.match(path.name)
             if match:
                 found.append((path, match["client"], int(match["seq"]), match["table"]))
-        return sorted(found, key=lambda item: (item[2], item[1]))
+        return sorted(found, key=lambda item: (*_place(item[2]), item[1]))
 
 
 class Uploader:
