@@ -286,6 +286,29 @@ def test_a_batch_too_large_for_the_server_is_split_until_it_fits(tmp_path: Path)
     assert not list(tmp_path.glob("*.arrows"))
 
 
+def test_the_parts_of_a_batch_split_now_go_before_the_batches_after_it(tmp_path: Path) -> None:
+    """A dead server may have stored batch 7 whole before its successor, with a smaller body
+    limit, refused it: the successor's check of a client's uploads lasts until one comes in
+    with nothing stored before, so 7's parts must come before 8."""
+    limit = 150_000  # half of 5000 rows fits, the whole does not
+    sent: list[int] = []
+
+    def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
+        if len(body) > limit:
+            raise RequestRejected(413, f"body of {len(body)} bytes, past the limit of {limit}")
+        sent.append(seq)
+        return None
+
+    store = Spool(tmp_path)
+    store.put(
+        "c1", 7, "steps", to_ipc(_build("steps", [{"n": n, "pad": "x" * 40} for n in range(5000)]))
+    )
+    store.put("c1", 8, "steps", to_ipc(_build("steps", [{"n": 5000}])))
+    uploader = Uploader("c1", _Waiting(), send, store, interval_s=0.01)
+    assert uploader.close(20), uploader.failure
+    assert sent == [*(spool._halves(7) or ()), 8]
+
+
 def test_a_batch_refused_for_its_content_is_kept_and_reported(tmp_path: Path) -> None:
     def send(client_id: str, seq: int, table: str, body: bytes) -> float | None:
         raise RequestRejected(400, "steps.t: expected integers >= 0, got -1")

@@ -239,7 +239,8 @@ class Uploader:
                 return
 
     def _send_spooled(self) -> bool:
-        """Send the spooled batches, oldest first; False when the server asks to wait."""
+        """Send the spooled batches, oldest first; False when the server asks to wait, or when
+        a batch was split (its parts go first, in the next cycle)."""
         for path, client_id, seq, table in self._spool.pending():
             try:
                 body = path.read_bytes()
@@ -249,7 +250,8 @@ class Uploader:
                 wait = self._send(client_id, seq, table, body)
             except RequestRejected as error:
                 self._split(error, client_id, seq, table, body)
-                wait = None
+                path.unlink(missing_ok=True)
+                return False
             if wait is not None:
                 self._not_before = time.monotonic() + wait
                 return False
