@@ -150,7 +150,10 @@ def _tuple(space: Tuple) -> dict[str, Any]:
 
 
 def _prefixed(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"type": "array", "prefixItems": parts, "items": False, "minItems": len(parts)}
+    # maxItems, not "items": false, closes the tuple: generators of clients (openapi-python-client)
+    # cannot read a boolean schema
+    n = len(parts)
+    return {"type": "array", "prefixItems": parts, "minItems": n, "maxItems": n}
 
 
 def _forms(

@@ -66,6 +66,22 @@ def env_config(data: Path, env_id: str, **overrides: Any) -> ServerConfig:
     return config
 
 
+def container_spaces() -> tuple[gym.Space[Any], gym.Space[Any]]:
+    """A Dict observation and a Tuple action (MultiDiscrete and float64 Box): the layouts a
+    JSON body and an answer nest (a Tuple's value is a list, a Dict's an object)."""
+    observation_space = gym.spaces.Dict(
+        {
+            "pos": gym.spaces.Box(-1, 1, (3,), np.float32),
+            "mode": gym.spaces.Discrete(3),
+            "flags": gym.spaces.MultiBinary(4),
+        }
+    )
+    action_space = gym.spaces.Tuple(
+        (gym.spaces.MultiDiscrete([3, 5]), gym.spaces.Box(-2, 2, (2,), np.float64))
+    )
+    return observation_space, action_space
+
+
 @contextmanager
 def running_server(config: ServerConfig) -> Iterator[Running]:
     """The app on an OS-picked port, served by werkzeug's threaded server in a thread."""

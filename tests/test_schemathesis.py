@@ -31,11 +31,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import pandas as pd
 import pytest
-from server_fixtures import cartpole_checkpoint
+from server_fixtures import cartpole_checkpoint, container_spaces
 
 from pipeline.format.spaces import space_to_json
 from server import process
@@ -83,12 +81,7 @@ def _spaces(name: str, tmp_path: Path) -> list[str]:
     if name == "cartpole":
         cartpole_checkpoint(tmp_path / "ds" / "checkpoints", 1)  # weights answer 200 and 304 too
         return ["--env", "CartPole-v1"]
-    observation_space = gym.spaces.Dict(
-        {"pos": gym.spaces.Box(-1, 1, (3,), np.float32), "mode": gym.spaces.Discrete(3)}
-    )
-    action_space = gym.spaces.Tuple(
-        (gym.spaces.MultiDiscrete([3, 5]), gym.spaces.Box(-2, 2, (2,), np.float64))
-    )
+    observation_space, action_space = container_spaces()
     doc = {"observation_space": space_to_json(observation_space)}
     doc["action_space"] = space_to_json(action_space)
     (tmp_path / "spaces.json").write_text(json.dumps(doc))
