@@ -81,9 +81,15 @@ def bounded(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
     return [batch.slice(start, rows) for start in range(0, batch.num_rows, rows)]
 
 
+def _part_of(seq: int) -> tuple[int, int]:
+    """Batch ``seq`` as (its first ancestor's number, its part of that batch): the halves of
+    part ``p`` are ``2p`` and ``2p + 1``, and a batch never split is its own part 1."""
+    return (seq, 1) if seq < _SPLIT_BASE else divmod(seq - _SPLIT_BASE, _PARTS)
+
+
 def _halves(seq: int) -> tuple[int, int] | None:
     """The numbers of the two halves of batch ``seq``; None when it was split too often."""
-    block, part = (seq, 1) if seq < _SPLIT_BASE else divmod(seq - _SPLIT_BASE, _PARTS)
+    block, part = _part_of(seq)
     if 2 * part + 1 >= _PARTS:
         return None
     first = _SPLIT_BASE + block * _PARTS + 2 * part
@@ -92,10 +98,8 @@ def _halves(seq: int) -> tuple[int, int] | None:
 
 def _place(seq: int) -> tuple[int, int]:
     """Where batch ``seq`` stands among the batches: its first ancestor's number, then where its
-    rows begin in that batch's, in 1024ths (the halves of part ``p`` are ``2p`` and ``2p + 1``)."""
-    if seq < _SPLIT_BASE:
-        return seq, 0
-    block, part = divmod(seq - _SPLIT_BASE, _PARTS)
+    rows begin in that batch's, in 1024ths."""
+    block, part = _part_of(seq)
     depth = part.bit_length() - 1
     return block, (part - (1 << depth)) << (_PARTS.bit_length() - 1 - depth)
 
