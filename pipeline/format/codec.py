@@ -364,24 +364,15 @@ def _first_null(array: pa.Array) -> int:
 
 def to_json_rows(space: gym.Space[Any], array: pa.Array) -> list[Any]:
     """A column's values row by row as a request carries them (``docs/protocol.md``): a Tuple's
-    as a list. Arrow holds a Tuple as a struct of fields "0", "1", ..., which ``to_pylist``
+    as a sequence. Arrow holds a Tuple as a struct of fields "0", "1", ..., which ``to_pylist``
     makes an object that no call takes back."""
     rows = array.to_pylist()
-    if not any(isinstance(part, Tuple) for part in _containers(space)):
+    if not isinstance(space, Dict | Tuple):
         return rows
     return [_json_value(space, row) for row in rows]
 
 
-def _containers(space: gym.Space[Any]) -> list[gym.Space[Any]]:
-    if not isinstance(space, Dict | Tuple):
-        return []
-    inner = space.spaces.values() if isinstance(space, Dict) else space.spaces
-    return [space, *(part for child in inner for part in _containers(child))]
-
-
 def _json_value(space: gym.Space[Any], value: Any) -> Any:
-    if isinstance(space, Tuple):
-        return [_json_value(part, value[str(i)]) for i, part in enumerate(space.spaces)]
-    if isinstance(space, Dict):
-        return {name: _json_value(part, value[name]) for name, part in space.spaces.items()}
-    return value
+    if not isinstance(space, Dict | Tuple):
+        return value
+    return assemble(space, [_json_value(part, value[name]) for name, part in subspaces(space)])
