@@ -26,6 +26,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.dataset.discovery import read_schema
 from pipeline.dataset.shard import leaf_paths
 from pipeline.errors import DamagedFileError
 
@@ -63,7 +64,9 @@ def footer_problem(metadata: pq.FileMetaData, table_schema: pa.Schema) -> str | 
 def shard_problem(filesystem: pafs.FileSystem, path: str, table_schema: pa.Schema) -> str | None:
     """What is wrong with a shard, read whole with its page checksums checked, or None. A
     footer whose changed schema still parses can make a sound-looking file of other types (a
-    list column read as a struct of lists), which only the table's types refuse."""
+    list column read as a struct of lists), which only the types a scan reads refuse."""
+    scanned = read_schema(table_schema)  # the types a scan reads the table's columns in
+    types = pa.schema([scanned.field(name) for name in table_schema.names])
     try:
         with filesystem.open_input_file(path) as handle:
             file = pq.ParquetFile(handle, page_checksum_verification=True)
@@ -71,8 +74,8 @@ def shard_problem(filesystem: pafs.FileSystem, path: str, table_schema: pa.Schem
             if problem is not None:
                 return problem
             for index in range(file.num_row_groups):
-                try:  # in the table's types, as a scan reads it
-                    file.read_row_group(index).cast(table_schema)
+                try:
+                    file.read_row_group(index).cast(types)
                 except READ_ERRORS as error:
                     return f"row group {index} cannot be read ({_reason(error)})"
     except READ_ERRORS as error:
