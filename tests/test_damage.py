@@ -26,7 +26,7 @@ from conftest import cartpole_spaces
 
 from pipeline import DamagedFileError, DatasetWriter, InputReader, WriterConfig, recover
 from pipeline.dataset import records
-from pipeline.errors import RlpipeWarning
+from pipeline.errors import DatasetError, RlpipeWarning
 from pipeline.format import schema
 
 EPISODES, LENGTH = 6, 50
@@ -305,6 +305,19 @@ def test_flipped_bits_where_no_checksum_looks_read_right_or_are_named(tmp_path: 
     others = [line for line in lines if line.split()[2] not in ("same", "named")]
     assert not others, others[:5]
     assert outcomes == {"same", "named"}  # the sample reached both kinds of byte
+
+
+def test_a_commit_whose_add_a_flip_made_unknown_is_named_to_a_follower(tmp_path: Path) -> None:
+    """The Delta log has no checksum, and Delta readers skip an action they do not know: a
+    follower, which reads each new commit itself, names the commit rather than reading on
+    without the shard it added."""
+    path = _dataset(tmp_path / "ds")
+    commit = path / "steps" / "_delta_log" / f"{1:020d}.json"
+    _flip(commit, commit.read_bytes().index(b'{"add"') + 3, 0x02)  # "add" -> "afd"
+    follower = InputReader(path, batch_size=1000, version=0, follow=True, timeout_s=1.0)
+    with pytest.raises(DatasetError, match=r"01\.json: line 2 is not one Delta action"):
+        for _ in follower:
+            pass
 
 
 @pytest.mark.parametrize("damage", ["flipped", "cut"])

@@ -266,16 +266,42 @@ class Snapshot:
 
 def read_commit(location: Location, table: str, version: int) -> list[dict[str, Any]] | None:
     """The actions of commit ``version`` of ``table``'s Delta log, read with pyarrow's
-    filesystem; None when there is no such commit file."""
+    filesystem; None when there is no such commit file.
+
+    Raises:
+        DatasetError: a line that is not one Delta action. The log has no checksum, and a
+            reader skips an action it does not know: ``add`` with one bit flipped would drop a
+            shard's rows without a word, a ``remove`` so changed would read them twice.
+    """
     path = location.path(table, "_delta_log", f"{version:020d}.json")
     try:
         with location.filesystem.open_input_stream(path) as stream:
-            text = stream.read().decode("utf-8")
+            data = stream.read()
     except FileNotFoundError:
         return None
     except OSError as error:
         raise storage_failure(location, f"reading {path}", error) from None
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    lines = enumerate(data.splitlines(), 1)
+    return [_action(path, number, line) for number, line in lines if line.strip()]
+
+
+_ACTIONS = frozenset(  # the actions of the Delta protocol
+    {"add", "remove", "metaData", "protocol", "txn", "commitInfo", "cdc", "domainMetadata"}
+    | {"checkpointMetadata", "sidecar"}
+)
+
+
+def _action(path: str, number: int, line: bytes) -> dict[str, Any]:
+    try:
+        action = json.loads(line)  # bytes: UTF-8, whose errors are ValueErrors too
+    except ValueError:
+        action = None
+    if not isinstance(action, dict) or len(action) != 1 or next(iter(action)) not in _ACTIONS:
+        raise DatasetError(
+            f"{path}: line {number} is not one Delta action ({line[:60]!r}...): this commit "
+            "of the table's log is damaged, and which files the table holds is not known"
+        )
+    return action
 
 
 def _entry_of(add: dict[str, Any]) -> FileEntry:
