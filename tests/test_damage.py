@@ -307,13 +307,24 @@ def test_flipped_bits_where_no_checksum_looks_read_right_or_are_named(tmp_path: 
     assert outcomes == {"same", "named"}  # the sample reached both kinds of byte
 
 
-def test_a_commit_whose_add_a_flip_made_unknown_is_named_to_a_follower(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("found", "at", "bit"),
+    [
+        (b'{"add"', 3, 0x02),  # "add" -> "afd": an action Delta readers skip
+        (b'"path"', 2, 0x02),  # the add's "path" -> "pcth"
+        (b'numRecords\\":', 12, 0x10),  # its statistics' ':' -> '*': not JSON
+    ],
+    ids=["action", "path", "statistics"],
+)
+def test_a_damaged_commit_is_named_to_a_follower(
+    tmp_path: Path, found: bytes, at: int, bit: int
+) -> None:
     """The Delta log has no checksum, and Delta readers skip an action they do not know: a
     follower, which reads each new commit itself, names the commit rather than reading on
-    without the shard it added."""
+    without the shard it added (or failing on a KeyError)."""
     path = _dataset(tmp_path / "ds")
     commit = path / "steps" / "_delta_log" / f"{1:020d}.json"
-    _flip(commit, commit.read_bytes().index(b'{"add"') + 3, 0x02)  # "add" -> "afd"
+    _flip(commit, commit.read_bytes().index(found) + at, bit)
     follower = InputReader(path, batch_size=1000, version=0, follow=True, timeout_s=1.0)
     with pytest.raises(DatasetError, match=r"01\.json: line 2 is not one Delta action"):
         for _ in follower:

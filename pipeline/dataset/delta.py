@@ -296,12 +296,31 @@ def _action(path: str, number: int, line: bytes) -> dict[str, Any]:
         action = json.loads(line)  # bytes: UTF-8, whose errors are ValueErrors too
     except ValueError:
         action = None
-    if not isinstance(action, dict) or len(action) != 1 or next(iter(action)) not in _ACTIONS:
+    if not isinstance(action, dict) or len(action) != 1 or not _sound(*next(iter(action.items()))):
         raise DatasetError(
             f"{path}: line {number} is not one Delta action ({line[:60]!r}...): this commit "
             "of the table's log is damaged, and which files the table holds is not known"
         )
     return action
+
+
+def _sound(kind: str, body: Any) -> bool:
+    """Whether an action is one of the protocol's, and an add or remove has what a
+    :class:`Snapshot` reads of it (an add's statistics are JSON text)."""
+    if kind not in _ACTIONS:
+        return False
+    if kind not in ("add", "remove"):
+        return True
+    if not isinstance(body, dict) or not isinstance(body.get("path"), str):
+        return False
+    if kind == "remove":
+        return True
+    try:
+        stats = json.loads(body.get("stats") or "{}")
+    except (TypeError, ValueError):
+        return False
+    numbers = body.get("size"), body.get("modificationTime")
+    return isinstance(stats, dict) and all(isinstance(number, int) for number in numbers)
 
 
 def _entry_of(add: dict[str, Any]) -> FileEntry:
