@@ -308,27 +308,31 @@ def test_flipped_bits_where_no_checksum_looks_read_right_or_are_named(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    ("found", "at", "bit"),
+    ("found", "at", "bit", "version"),
     [
-        (b'{"add"', 3, 0x02),  # "add" -> "afd": an action Delta readers skip
-        (b'"path"', 2, 0x02),  # the add's "path" -> "pcth"
-        (b'numRecords\\":', 12, 0x10),  # its statistics' ':' -> '*': not JSON
+        (b'{"add"', 3, 0x02, None),  # "add" -> "afd": an action Delta readers skip
+        (b'{"add"', 3, 0x02, 0),
+        (b'"path"', 2, 0x02, 0),  # the add's "path" -> "pcth"
+        (b'numRecords\\":', 12, 0x10, 0),  # its statistics' ':' -> '*': not JSON
     ],
-    ids=["action", "path", "statistics"],
+    ids=["action-opening", "action-following", "path-following", "statistics-following"],
 )
-def test_a_damaged_commit_is_named_to_a_follower(
-    tmp_path: Path, found: bytes, at: int, bit: int
+def test_a_damaged_commit_is_named(
+    tmp_path: Path, found: bytes, at: int, bit: int, version: int | None
 ) -> None:
-    """The Delta log has no checksum, and Delta readers skip an action they do not know: a
-    follower, which reads each new commit itself, names the commit rather than reading on
-    without the shard it added (or failing on a KeyError)."""
+    """The Delta log has no checksum, and Delta readers skip an action they do not know. A
+    reader that opens the table checks the commits deltalake replayed, and a follower each new
+    commit it reads: both name the commit rather than reading on without the shard it added
+    (or failing on a KeyError). Opening, deltalake itself refuses a missing path or broken
+    statistics ("opening the steps table failed")."""
     path = _dataset(tmp_path / "ds")
     commit = path / "steps" / "_delta_log" / f"{1:020d}.json"
     _flip(commit, commit.read_bytes().index(found) + at, bit)
-    follower = InputReader(path, batch_size=1000, version=0, follow=True, timeout_s=1.0)
     with pytest.raises(DatasetError, match=r"01\.json: line 2 is not one Delta action"):
-        for _ in follower:
+        for _ in InputReader(path, batch_size=1000, version=version, follow=True, timeout_s=1.0):
             pass
+    if version is None:
+        assert "01.json: line 2 is not one Delta action" in _inspect(path).stderr
 
 
 @pytest.mark.parametrize("damage", ["flipped", "cut"])

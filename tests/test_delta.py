@@ -64,7 +64,9 @@ def test_a_commit_makes_a_few_requests_however_long_the_log(
             writer.append(steps(f"e{number}", 50))
             writer.flush()
             counts.append(sum(1 for r in caplog.records if mine.search(r.getMessage())))
-    later = counts[1:]
+    # after the commit that makes the table, the first that opens it also reads the commits
+    # deltalake replayed, to check them (pipeline.dataset.commits): once per writer
+    later = counts[2:]
     assert max(later) <= 10, counts
     assert sum(later[-4:]) <= sum(later[:4]), counts  # no growth with the log
     # deltalake's checkpoint interval here (100): a checkpoint costs some 25 requests

@@ -34,6 +34,7 @@ from deltalake.transaction import (
     create_table_with_add_actions,
 )
 
+from pipeline.dataset import commits
 from pipeline.dataset.location import Location, storage_failure
 from pipeline.dataset.storage_types import storage_schema
 from pipeline.errors import DatasetError
@@ -105,6 +106,7 @@ class Table:
             return None
         except (DeltaError, OSError) as error:
             raise storage_failure(self.location, f"opening the {self.name} table", error) from None
+        commits.check_replayed(self.location, self.name, self._table.version())
         return self._table
 
     @property
@@ -247,7 +249,7 @@ class Snapshot:
         self.rearranged = []
         while True:
             following = 0 if self.version is None else self.version + 1
-            actions = read_commit(self.table.location, self.table.name, following)
+            actions = commits.read_commit(self.table.location, self.table.name, following)
             if actions is None:
                 return added
             for action in actions:
@@ -262,65 +264,6 @@ class Snapshot:
                 elif "remove" in action:
                     self.files.pop(unquote(action["remove"]["path"]), None)
             self.version = following
-
-
-def read_commit(location: Location, table: str, version: int) -> list[dict[str, Any]] | None:
-    """The actions of commit ``version`` of ``table``'s Delta log, read with pyarrow's
-    filesystem; None when there is no such commit file.
-
-    Raises:
-        DatasetError: a line that is not one Delta action. The log has no checksum, and a
-            reader skips an action it does not know: ``add`` with one bit flipped would drop a
-            shard's rows without a word, a ``remove`` so changed would read them twice.
-    """
-    path = location.path(table, "_delta_log", f"{version:020d}.json")
-    try:
-        with location.filesystem.open_input_stream(path) as stream:
-            data = stream.read()
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise storage_failure(location, f"reading {path}", error) from None
-    lines = enumerate(data.splitlines(), 1)
-    return [_action(path, number, line) for number, line in lines if line.strip()]
-
-
-_ACTIONS = frozenset(  # the actions of the Delta protocol
-    {"add", "remove", "metaData", "protocol", "txn", "commitInfo", "cdc", "domainMetadata"}
-    | {"checkpointMetadata", "sidecar"}
-)
-
-
-def _action(path: str, number: int, line: bytes) -> dict[str, Any]:
-    try:
-        action = json.loads(line)  # bytes: UTF-8, whose errors are ValueErrors too
-    except ValueError:
-        action = None
-    if not isinstance(action, dict) or len(action) != 1 or not _sound(*next(iter(action.items()))):
-        raise DatasetError(
-            f"{path}: line {number} is not one Delta action ({line[:60]!r}...): this commit "
-            "of the table's log is damaged, and which files the table holds is not known"
-        )
-    return action
-
-
-def _sound(kind: str, body: Any) -> bool:
-    """Whether an action is one of the protocol's, and an add or remove has what a
-    :class:`Snapshot` reads of it (an add's statistics are JSON text)."""
-    if kind not in _ACTIONS:
-        return False
-    if kind not in ("add", "remove"):
-        return True
-    if not isinstance(body, dict) or not isinstance(body.get("path"), str):
-        return False
-    if kind == "remove":
-        return True
-    try:
-        stats = json.loads(body.get("stats") or "{}")
-    except (TypeError, ValueError):
-        return False
-    numbers = body.get("size"), body.get("modificationTime")
-    return isinstance(stats, dict) and all(isinstance(number, int) for number in numbers)
 
 
 def _entry_of(add: dict[str, Any]) -> FileEntry:

@@ -33,7 +33,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
-from pipeline.dataset.delta import read_commit
+from pipeline.dataset.commits import read_commit
 from pipeline.dataset.location import Location, storage_failure
 from pipeline.errors import DatasetError
 
