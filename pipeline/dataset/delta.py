@@ -91,7 +91,7 @@ class Table:
                 self.call("reading the table's log", self._table.update_incremental)
             return self._table
         try:
-            self._table = DeltaTable(
+            table = DeltaTable(
                 self.uri,
                 version=self._pinned,
                 storage_options=dict(self.location.storage_options) or None,
@@ -106,8 +106,10 @@ class Table:
             return None
         except (DeltaError, OSError) as error:
             raise storage_failure(self.location, f"opening the {self.name} table", error) from None
-        commits.check_replayed(self.location, self.name, self._table.version())
-        return self._table
+        # kept only once checked: a caller that opens again after the error checks again
+        commits.check_replayed(self.location, self.name, table.version())
+        self._table = table
+        return table
 
     @property
     def version(self) -> int | None:
